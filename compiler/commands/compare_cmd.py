@@ -1,0 +1,47 @@
+"""optpipe compare: every schedule on one problem, judged by the simulator."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ..units import format_size
+from .common import add_budget_argument, add_problem_argument, console, print_json, read_problem
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("compare", help="judge every heuristic schedule on a problem")
+    add_problem_argument(parser, optional=True)
+    add_budget_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from optpipe.solvers.compare import compare
+
+    problem = read_problem(args)
+    entries = compare(problem)
+    if args.json:
+        print_json([entry.to_json() for entry in entries])
+        return 0
+    console.print(comparison_table(problem, entries))
+    return 0
+
+
+def comparison_table(problem, entries) -> Table:
+    budget = problem.memory.budget
+    table = Table(title=f"{problem.name}: {problem.devices} devices, {problem.stages} stages, "
+                        f"{problem.microbatches} microbatches, budget {format_size(budget)}")
+    for column, justify in (("schedule", "left"), ("makespan ms", "right"), ("bubble", "right"),
+                            ("peak memory (device)", "right"), ("host peak", "right"), ("fits", "center")):
+        table.add_column(column, justify=justify)
+    for entry in entries:
+        t = entry.timeline
+        if t is None:
+            table.add_row(entry.name, "n/a", "", f"[dim]{entry.reason}[/]", "", "")
+            continue
+        fits = "[green]yes[/]" if t.fits else "[red]no[/]"
+        host = format_size(max(t.host_peak)) if max(t.host_peak) else "-"
+        table.add_row(entry.name, f"{t.makespan:,.1f}", f"{t.bubble_ratio:.1%}",
+                      f"{format_size(t.peak)} (d{t.peak_device})", host, fits)
+    return table

@@ -1,0 +1,381 @@
+"""The problem model: pipeline shape, per-stage costs, memory budget and host link.
+
+A ``Problem`` is plain frozen data. ``load_problem`` reads the TOML format of DESIGN.md and
+``dump_problem`` writes one back that loads to an equal object. Every value error names the
+key it came from and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from .errors import ProblemError
+from .units import format_bandwidth, format_size, parse_bandwidth, parse_size
+
+__all__ = [
+    "Placement",
+    "Pipeline",
+    "Costs",
+    "Memory",
+    "Offload",
+    "Problem",
+    "load_problem",
+    "loads_problem",
+    "problem_from_dict",
+    "dump_problem",
+    "dumps_problem",
+]
+
+
+class Placement(str, Enum):
+    """How stages map to devices."""
+
+    INTERLEAVED = "interleaved"  # stage s on device s % p
+    VSHAPE = "vshape"  # v = 2: stage s on s if s < p else 2p-1-s
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    devices: int  # p
+    chunks_per_device: int  # v
+    placement: Placement
+    microbatches: int  # m
+
+    @property
+    def stages(self) -> int:
+        return self.devices * self.chunks_per_device
+
+    def device_of(self, stage: int) -> int:
+        p = self.devices
+        if self.placement is Placement.VSHAPE:
+            return stage if stage < p else 2 * p - 1 - stage
+        return stage % p
+
+    def stages_on(self, device: int) -> tuple[int, ...]:
+        return tuple(s for s in range(self.stages) if self.device_of(s) == device)
+
+    def chunk_of(self, stage: int) -> int:
+        """Index of the stage among its device's stages (0 for the first model chunk)."""
+        return stage // self.devices
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Milliseconds, one entry per stage."""
+
+    forward: tuple[float, ...]
+    backward_input: tuple[float, ...]
+    backward_weight: tuple[float, ...]
+    p2p: float
+
+    def backward(self, stage: int) -> float:
+        """A fused backward (BW) costs B + W."""
+        return self.backward_input[stage] + self.backward_weight[stage]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes. ``activation[s]`` is saved by F(s, i); ``weight_activation[s]`` is what W still needs."""
+
+    activation: tuple[int, ...]
+    weight_activation: tuple[int, ...]
+    budget: int
+
+
+@dataclass(frozen=True)
+class Offload:
+    enabled: bool = False
+    d2h_bandwidth: float = 0.0  # bytes per second
+    h2d_bandwidth: float = 0.0
+    host_budget: int = 0  # bytes per device
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    pipeline: Pipeline
+    costs: Costs
+    memory: Memory
+    offload: Offload = field(default_factory=Offload)
+
+    @property
+    def devices(self) -> int:
+        return self.pipeline.devices
+
+    @property
+    def stages(self) -> int:
+        return self.pipeline.stages
+
+    @property
+    def microbatches(self) -> int:
+        return self.pipeline.microbatches
+
+    def offload_ms(self, stage: int) -> float:
+        """Time to move F(stage)'s activation to the host."""
+        return self.memory.activation[stage] / self.offload.d2h_bandwidth * 1e3
+
+    def reload_ms(self, stage: int) -> float:
+        return self.memory.activation[stage] / self.offload.h2d_bandwidth * 1e3
+
+    def with_budget(self, budget: int) -> "Problem":
+        return replace(self, memory=replace(self.memory, budget=int(budget)))
+
+    def without_offload(self) -> "Problem":
+        return replace(self, offload=Offload())
+
+
+# --------------------------------------------------------------------------- loading
+
+_TOP_KEYS = {"name", "pipeline", "costs", "memory", "offload", "model", "hardware"}
+_PIPELINE_KEYS = {"devices", "chunks_per_device", "placement", "microbatches"}
+_COST_KEYS = {"forward", "backward_input", "backward_weight", "p2p"}
+_MEMORY_KEYS = {"activation", "weight_activation", "budget"}
+_OFFLOAD_KEYS = {"enabled", "d2h_bandwidth", "h2d_bandwidth", "host_budget"}
+
+
+def _check_keys(table: dict, allowed: set[str], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            path = f"{where}.{key}" if where else key
+            raise ProblemError(f"{path}: unknown key; expected one of {', '.join(sorted(allowed))}")
+
+
+def _table(data: dict, key: str, required: bool) -> dict:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise ProblemError(f"[{key}]: missing table; see the problem-file format in README.md")
+        return {}
+    if not isinstance(value, dict):
+        raise ProblemError(f"{key}: expected a table [{key}], got {type(value).__name__}")
+    return value
+
+
+def _positive_int(table: dict, key: str, where: str, default: int | None = None) -> int:
+    value = table.get(key, default)
+    if value is None:
+        raise ProblemError(f"{where}.{key}: missing; expected a positive integer")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProblemError(f"{where}.{key}: expected a positive integer, got {value!r}")
+    if value <= 0:
+        raise ProblemError(f"{where}.{key}: must be greater than zero, got {value}")
+    return value
+
+
+def _milliseconds(value: Any, key: str, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProblemError(f"{key}: expected a number of milliseconds like 18.5, got {value!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "greater than zero"
+        raise ProblemError(f"{key}: must be {bound} (milliseconds), got {value!r}")
+    return float(value)
+
+
+def _per_stage(value: Any, key: str, stages: int, parse) -> tuple:
+    """A scalar applies to every stage; a list gives one value per stage."""
+    if isinstance(value, list):
+        if len(value) != stages:
+            raise ProblemError(
+                f"{key}: the list has {len(value)} entries but the pipeline has {stages} stages "
+                f"(devices x chunks_per_device); give one value per stage or a single scalar"
+            )
+        return tuple(parse(item, f"{key}[{index}]") for index, item in enumerate(value))
+    return (parse(value, key),) * stages
+
+
+def _pipeline(data: dict) -> Pipeline:
+    table = _table(data, "pipeline", required=True)
+    _check_keys(table, _PIPELINE_KEYS, "pipeline")
+    devices = _positive_int(table, "devices", "pipeline")
+    chunks = _positive_int(table, "chunks_per_device", "pipeline", default=1)
+    microbatches = _positive_int(table, "microbatches", "pipeline")
+    raw = table.get("placement", "interleaved")
+    try:
+        placement = Placement(raw)
+    except ValueError:
+        options = ", ".join(f'"{p.value}"' for p in Placement)
+        raise ProblemError(f"pipeline.placement: expected one of {options}, got {raw!r}") from None
+    if placement is Placement.VSHAPE and chunks != 2:
+        raise ProblemError(
+            f'pipeline.placement: "vshape" needs chunks_per_device = 2, got {chunks}; '
+            f'set chunks_per_device = 2 or use placement = "interleaved"'
+        )
+    return Pipeline(devices, chunks, placement, microbatches)
+
+
+def _costs(table: dict, stages: int) -> Costs:
+    _check_keys(table, _COST_KEYS, "costs")
+    for key in ("forward", "backward_input", "backward_weight"):
+        if key not in table:
+            raise ProblemError(f"costs.{key}: missing; expected milliseconds (a number or a list per stage)")
+    return Costs(
+        forward=_per_stage(table["forward"], "costs.forward", stages, _milliseconds),
+        backward_input=_per_stage(table["backward_input"], "costs.backward_input", stages, _milliseconds),
+        backward_weight=_per_stage(table["backward_weight"], "costs.backward_weight", stages, _milliseconds),
+        p2p=_milliseconds(table.get("p2p", 0.0), "costs.p2p", allow_zero=True),
+    )
+
+
+def _memory(table: dict, stages: int, derived: Memory | None = None) -> Memory:
+    _check_keys(table, _MEMORY_KEYS, "memory")
+    if derived is None:
+        for key in ("activation", "weight_activation", "budget"):
+            if key not in table:
+                raise ProblemError(f'memory.{key}: missing; expected a size like "1.2GiB"')
+        activation = _per_stage(table["activation"], "memory.activation", stages, parse_size)
+        weight_activation = _per_stage(table["weight_activation"], "memory.weight_activation", stages, parse_size)
+        budget = parse_size(table["budget"], "memory.budget")
+    else:
+        activation, weight_activation = derived.activation, derived.weight_activation
+        budget = parse_size(table["budget"], "memory.budget") if "budget" in table else derived.budget
+    for stage, (act, keep) in enumerate(zip(activation, weight_activation)):
+        if keep > act:
+            raise ProblemError(
+                f"memory.weight_activation: stage {stage} keeps {format_size(keep)} for W, more than its "
+                f"activation {format_size(act)}; weight_activation is the part of activation still needed after B"
+            )
+    return Memory(activation, weight_activation, budget)
+
+
+def _offload(data: dict) -> Offload:
+    table = _table(data, "offload", required=False)
+    _check_keys(table, _OFFLOAD_KEYS, "offload")
+    enabled = table.get("enabled", bool(table))
+    if not isinstance(enabled, bool):
+        raise ProblemError(f"offload.enabled: expected true or false, got {enabled!r}")
+    if not enabled:
+        return Offload()
+    for key in ("d2h_bandwidth", "h2d_bandwidth"):
+        if key not in table:
+            raise ProblemError(
+                f'offload.{key}: missing; offload is enabled, so give the host link\'s bandwidth like "24GB/s" '
+                f"(or set offload.enabled = false)"
+            )
+    return Offload(
+        enabled=True,
+        d2h_bandwidth=parse_bandwidth(table["d2h_bandwidth"], "offload.d2h_bandwidth"),
+        h2d_bandwidth=parse_bandwidth(table["h2d_bandwidth"], "offload.h2d_bandwidth"),
+        host_budget=parse_size(table.get("host_budget", "1TiB"), "offload.host_budget"),
+    )
+
+
+def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
+    """Build a Problem from the parsed TOML tables."""
+    _check_keys(data, _TOP_KEYS, "")
+    name = data.get("name", default_name)
+    if not isinstance(name, str) or not name:
+        raise ProblemError(f"name: expected a non-empty string, got {name!r}")
+    pipeline = _pipeline(data)
+    model, hardware = data.get("model"), data.get("hardware")
+    if model is not None or hardware is not None:
+        if model is None or hardware is None:
+            missing = "model" if model is None else "hardware"
+            raise ProblemError(f"[{missing}]: missing; [model] and [hardware] derive the costs together")
+        if "costs" in data:
+            raise ProblemError("[costs]: give either [costs] or [model] + [hardware], not both")
+        from .costmodel import derive
+
+        costs, derived_memory, link = derive(_table(data, "model", True), _table(data, "hardware", True), pipeline)
+        memory = _memory(_table(data, "memory", required=False), pipeline.stages, derived_memory)
+        offload_table = dict(_table(data, "offload", required=False))
+        if offload_table.get("enabled", bool(offload_table)):
+            offload_table.setdefault("d2h_bandwidth", link)
+            offload_table.setdefault("h2d_bandwidth", link)
+        offload = _offload({"offload": offload_table} if offload_table else {})
+    else:
+        costs = _costs(_table(data, "costs", required=True), pipeline.stages)
+        memory = _memory(_table(data, "memory", required=True), pipeline.stages)
+        offload = _offload(data)
+    largest = max(memory.activation)
+    if memory.budget < largest:
+        raise ProblemError(
+            f"memory.budget: {format_size(memory.budget)} is below one stage's activation "
+            f"({format_size(largest)}), so not even one microbatch can run; raise the budget to at least "
+            f"{format_size(largest)}"
+        )
+    return Problem(name, pipeline, costs, memory, offload)
+
+
+def loads_problem(text: str, default_name: str = "problem") -> Problem:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ProblemError(f"not valid TOML: {error}") from None
+    return problem_from_dict(data, default_name)
+
+
+def load_problem(path: str | Path) -> Problem:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ProblemError(f"{path}: no such problem file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+        raise ProblemError(f"{path}: cannot read the problem file ({error.__class__.__name__})") from None
+    try:
+        return loads_problem(text, default_name=path.stem)
+    except ProblemError as error:
+        raise ProblemError(f"{path}: {error}") from None
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _scalar_or_list(values: tuple) -> str:
+    if all(v == values[0] for v in values):
+        return _number(values[0])
+    return "[" + ", ".join(_number(v) for v in values) + "]"
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def dumps_problem(problem: Problem) -> str:
+    """TOML text that loads back to an equal Problem (sizes are written in exact bytes)."""
+    pipe, costs, memory, offload = problem.pipeline, problem.costs, problem.memory, problem.offload
+    lines = [
+        f"name = {_quote(problem.name)}",
+        "",
+        "[pipeline]",
+        f"devices = {pipe.devices}",
+        f"chunks_per_device = {pipe.chunks_per_device}",
+        f'placement = "{pipe.placement.value}"',
+        f"microbatches = {pipe.microbatches}",
+        "",
+        "[costs]  # milliseconds",
+        f"forward = {_scalar_or_list(costs.forward)}",
+        f"backward_input = {_scalar_or_list(costs.backward_input)}",
+        f"backward_weight = {_scalar_or_list(costs.backward_weight)}",
+        f"p2p = {_number(costs.p2p)}",
+        "",
+        "[memory]  # bytes",
+        f"activation = {_scalar_or_list(memory.activation)}  # {format_size(max(memory.activation))} max",
+        f"weight_activation = {_scalar_or_list(memory.weight_activation)}",
+        f"budget = {memory.budget}  # {format_size(memory.budget)}",
+    ]
+    if offload.enabled:
+        lines += [
+            "",
+            "[offload]  # bytes per second, bytes",
+            "enabled = true",
+            f"d2h_bandwidth = {_number(offload.d2h_bandwidth)}  # {format_bandwidth(offload.d2h_bandwidth)}",
+            f"h2d_bandwidth = {_number(offload.h2d_bandwidth)}  # {format_bandwidth(offload.h2d_bandwidth)}",
+            f"host_budget = {offload.host_budget}  # {format_size(offload.host_budget)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def dump_problem(problem: Problem, path: str | Path) -> None:
+    Path(path).write_text(dumps_problem(problem))

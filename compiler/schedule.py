@@ -1,0 +1,179 @@
+"""The schedule IR: per device, an ordered list of ops.
+
+An op is (kind, stage, microbatch). Compute ops (F, B, W, BW) run one at a time on their device
+in list order. OFFLOAD ops run in list order on the device's D2H channel and RELOAD ops on its
+H2D channel; a transfer cannot start before the compute op listed just before it has ended
+(that is where the runtime issues it). Offload decisions are the OFFLOAD ops present.
+
+Text form of an op: ``F3:0`` (kind, stage, ``:``, microbatch); kinds F, B, W, BW, OFF, REL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .errors import ScheduleError
+
+__all__ = [
+    "OpKind",
+    "Op",
+    "Schedule",
+    "COMPUTE_KINDS",
+    "TRANSFER_KINDS",
+    "parse_op",
+    "load_schedule",
+    "dump_schedule",
+]
+
+
+class OpKind(IntEnum):
+    """Stable numbers: they appear in plan files."""
+
+    F = 0  # forward
+    B = 1  # backward for the stage's input (activation gradient)
+    W = 2  # backward for the stage's weights
+    BW = 3  # fused backward: B and W in one op
+    OFFLOAD = 4  # activation of F(s, i) to host memory (D2H channel)
+    RELOAD = 5  # back to device memory before B(s, i) (H2D channel)
+
+    @property
+    def mnemonic(self) -> str:
+        return _MNEMONIC[self]
+
+
+_MNEMONIC = {
+    OpKind.F: "F",
+    OpKind.B: "B",
+    OpKind.W: "W",
+    OpKind.BW: "BW",
+    OpKind.OFFLOAD: "OFF",
+    OpKind.RELOAD: "REL",
+}
+_BY_MNEMONIC = {text: kind for kind, text in _MNEMONIC.items()}
+COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.W, OpKind.BW})
+TRANSFER_KINDS = frozenset({OpKind.OFFLOAD, OpKind.RELOAD})
+_OP_TEXT = re.compile(r"^(F|B|W|BW|OFF|REL)(\d+):(\d+)$")
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Op:
+    kind: OpKind
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{_MNEMONIC[self.kind]}{self.stage}:{self.microbatch}"
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE_KINDS
+
+
+def parse_op(text: str) -> Op:
+    match = _OP_TEXT.match(text.strip())
+    if not match:
+        raise ScheduleError(
+            f"cannot parse op {text!r}: expected KIND STAGE ':' MICROBATCH such as 'F3:0', "
+            f"with KIND one of {', '.join(_BY_MNEMONIC)}"
+        )
+    return Op(_BY_MNEMONIC[match.group(1)], int(match.group(2)), int(match.group(3)))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """``devices[d]`` is device d's ops in issue order."""
+
+    name: str
+    devices: tuple[tuple[Op, ...], ...]
+
+    @staticmethod
+    def of(name: str, devices: Iterable[Iterable[Op]]) -> "Schedule":
+        return Schedule(name, tuple(tuple(ops) for ops in devices))
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def ops(self) -> Iterator[tuple[int, Op]]:
+        for device, ops in enumerate(self.devices):
+            for op in ops:
+                yield device, op
+
+    def compute(self, device: int) -> tuple[Op, ...]:
+        return tuple(op for op in self.devices[device] if op.kind in COMPUTE_KINDS)
+
+    @property
+    def offloaded(self) -> frozenset[tuple[int, int]]:
+        """(stage, microbatch) pairs whose activation goes to the host."""
+        return frozenset((op.stage, op.microbatch) for _, op in self.ops() if op.kind is OpKind.OFFLOAD)
+
+    @property
+    def splits_backward(self) -> bool:
+        return any(op.kind is OpKind.W for _, op in self.ops())
+
+    def renamed(self, name: str) -> "Schedule":
+        return Schedule(name, self.devices)
+
+    # ----------------------------------------------------------------- text and JSON
+
+    def to_text(self) -> str:
+        """One line per device: ``d0: F0:0 F0:1 B0:0 ...``."""
+        return "\n".join(f"d{d}: " + " ".join(str(op) for op in ops) for d, ops in enumerate(self.devices))
+
+    @staticmethod
+    def from_text(name: str, text: str) -> "Schedule":
+        rows = []
+        for number, line in enumerate(l for l in text.splitlines() if l.strip()):
+            head, _, body = line.partition(":")
+            if head.strip() != f"d{number}":
+                raise ScheduleError(f"line {number + 1}: expected it to start with 'd{number}:', got {line[:20]!r}")
+            rows.append(tuple(parse_op(token) for token in body.split()))
+        return Schedule(name, tuple(rows))
+
+    def to_json(self) -> dict:
+        return {
+            "format": "optpipe-schedule",
+            "version": 1,
+            "name": self.name,
+            "devices": [[str(op) for op in ops] for ops in self.devices],
+        }
+
+    @staticmethod
+    def from_json(data: object) -> "Schedule":
+        if not isinstance(data, dict) or data.get("format") != "optpipe-schedule":
+            raise ScheduleError('not a schedule: expected a JSON object with "format": "optpipe-schedule"')
+        if data.get("version") != 1:
+            raise ScheduleError(f"schedule format version {data.get('version')!r} is not supported (expected 1)")
+        name, devices = data.get("name"), data.get("devices")
+        if not isinstance(name, str) or not isinstance(devices, list) or not all(isinstance(d, list) for d in devices):
+            raise ScheduleError('schedule: expected "name" (a string) and "devices" (a list of lists of ops)')
+        rows = []
+        for device, ops in enumerate(devices):
+            try:
+                rows.append(tuple(parse_op(str(text)) for text in ops))
+            except ScheduleError as error:
+                raise ScheduleError(f"devices[{device}]: {error}") from None
+        return Schedule(name, tuple(rows))
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ScheduleError(f"{path}: no such schedule file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ScheduleError(f"{path}: not valid JSON ({error})") from None
+    try:
+        return Schedule.from_json(data)
+    except ScheduleError as error:
+        raise ScheduleError(f"{path}: {error}") from None
+
+
+def dump_schedule(schedule: Schedule, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(schedule.to_json(), indent=1) + "\n")

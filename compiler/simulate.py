@@ -1,0 +1,358 @@
+"""The simulator: the one judge of every schedule, heuristic or solved.
+
+``simulate(problem, schedule)`` times every op under DESIGN.md's semantics (earliest start
+given dependencies, device order and channel order), then replays memory on each device and
+on its host. Invalid schedules raise ``ScheduleError`` naming the op and the rule it breaks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from functools import cached_property
+
+from .errors import ScheduleError
+from .problem import Problem
+from .schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from .units import format_size
+
+__all__ = ["OpTiming", "Timeline", "simulate", "describe_fit"]
+
+_F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
+
+
+@dataclass(frozen=True, slots=True)
+class OpTiming:
+    op: Op
+    device: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What a schedule does on a problem: when each op runs and what memory it holds."""
+
+    problem: Problem
+    schedule_name: str
+    timings: tuple[OpTiming, ...]  # per device in list order, devices in turn
+    makespan: float  # ms, first start to last end
+    busy: tuple[float, ...]  # per device compute time, ms
+    memory: tuple[tuple[tuple[float, int], ...], ...]  # per device (time, bytes held after it)
+    peak_memory: tuple[int, ...]
+    peak_time: tuple[float, ...]
+    host_peak: tuple[int, ...]
+
+    @property
+    def bubble_ratio(self) -> float:
+        return 1.0 - sum(self.busy) / (len(self.busy) * self.makespan) if self.makespan > 0 else 0.0
+
+    @property
+    def peak(self) -> int:
+        return max(self.peak_memory)
+
+    @property
+    def peak_device(self) -> int:
+        return max(range(len(self.peak_memory)), key=lambda d: (self.peak_memory[d], -d))
+
+    @property
+    def busiest_compute(self) -> float:
+        return max(self.busy)
+
+    @property
+    def idle_time(self) -> float:
+        """Makespan minus the busiest device's compute: the time no schedule can hide."""
+        return self.makespan - self.busiest_compute
+
+    @property
+    def fits_budget(self) -> bool:
+        return self.peak <= self.problem.memory.budget
+
+    @property
+    def fits_host(self) -> bool:
+        return not self.problem.offload.enabled or max(self.host_peak) <= self.problem.offload.host_budget
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_budget and self.fits_host
+
+    @cached_property
+    def by_op(self) -> dict[Op, OpTiming]:
+        return {t.op: t for t in self.timings}
+
+    def summary(self) -> dict:
+        return {
+            "schedule": self.schedule_name,
+            "problem": self.problem.name,
+            "makespan_ms": self.makespan,
+            "bubble_ratio": self.bubble_ratio,
+            "busy_ms": list(self.busy),
+            "peak_memory_bytes": list(self.peak_memory),
+            "peak_time_ms": list(self.peak_time),
+            "host_peak_bytes": list(self.host_peak),
+            "budget_bytes": self.problem.memory.budget,
+            "fits_budget": self.fits,
+        }
+
+
+def _duration(problem: Problem, op: Op) -> float:
+    costs, kind, s = problem.costs, op.kind, op.stage
+    if kind is _F:
+        return costs.forward[s]
+    if kind is _B:
+        return costs.backward_input[s]
+    if kind is _W:
+        return costs.backward_weight[s]
+    if kind is _BW:
+        return costs.backward_input[s] + costs.backward_weight[s]
+    if kind is _OFF:
+        return problem.offload_ms(s)
+    return problem.reload_ms(s)
+
+
+def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]]:
+    """Every op once, on its stage's device; returns op -> (device, position)."""
+    pipe = problem.pipeline
+    if schedule.num_devices != pipe.devices:
+        raise ScheduleError(
+            f"schedule {schedule.name!r} has {schedule.num_devices} devices but the problem has {pipe.devices}"
+        )
+    where: dict[Op, tuple[int, int]] = {}
+    stages, microbatches = pipe.stages, pipe.microbatches
+    device_of = [pipe.device_of(s) for s in range(stages)]
+    for device, ops in enumerate(schedule.devices):
+        for position, op in enumerate(ops):
+            if not 0 <= op.stage < stages:
+                raise ScheduleError(f"device {device} position {position}: {op} names stage {op.stage}, "
+                                    f"but stages run 0..{stages - 1}")
+            if not 0 <= op.microbatch < microbatches:
+                raise ScheduleError(f"device {device} position {position}: {op} names microbatch {op.microbatch}, "
+                                    f"but microbatches run 0..{microbatches - 1}")
+            if device_of[op.stage] != device:
+                raise ScheduleError(f"device {device} position {position}: {op} is on the wrong device; "
+                                    f"stage {op.stage} runs on device {device_of[op.stage]}")
+            if op in where:
+                first = where[op]
+                raise ScheduleError(f"device {device} position {position}: duplicate op {op} "
+                                    f"(already at position {first[1]})")
+            where[op] = (device, position)
+    if not problem.offload.enabled and any(op.kind in (_OFF, _REL) for op in where):
+        first = next(op for op in where if op.kind in (_OFF, _REL))
+        raise ScheduleError(f"{first} moves an activation, but offload is not enabled in the problem "
+                            f"([offload] enabled = true with bandwidths)")
+    for s in range(stages):
+        for i in range(microbatches):
+            if Op(_F, s, i) not in where:
+                raise ScheduleError(f"missing op F{s}:{i}: every stage runs F for every microbatch")
+            split = Op(_B, s, i) in where or Op(_W, s, i) in where
+            fused = Op(_BW, s, i) in where
+            if split and fused:
+                raise ScheduleError(f"BW{s}:{i} and a split B/W of the same stage and microbatch: use one or the other")
+            if not split and not fused:
+                raise ScheduleError(f"missing op B{s}:{i} (or BW{s}:{i}): every stage runs a backward for every microbatch")
+            if split:
+                for kind in (_B, _W):
+                    if Op(kind, s, i) not in where:
+                        raise ScheduleError(f"missing op {Op(kind, s, i)}: a split backward needs both B and W")
+            off, rel = Op(_OFF, s, i), Op(_REL, s, i)
+            if (rel in where) and (off not in where):
+                raise ScheduleError(f"{rel} without OFF{s}:{i}: only an offloaded activation can be reloaded")
+            if (off in where) and (rel not in where):
+                raise ScheduleError(f"{off} without REL{s}:{i}: an offloaded activation must be reloaded before B")
+            if off in where:
+                if where[off][1] < where[Op(_F, s, i)][1]:
+                    raise ScheduleError(f"device {where[off][0]} position {where[off][1]}: {off} is listed before "
+                                        f"its F{s}:{i}; an offload moves what F saved, so it comes after F")
+                backward = Op(_B, s, i) if split else Op(_BW, s, i)
+                if where[rel][1] > where[backward][1]:
+                    raise ScheduleError(f"device {where[rel][0]} position {where[rel][1]}: {backward} is listed before "
+                                        f"its {rel}; the reload must come before the backward that uses it")
+    return where
+
+
+def simulate(problem: Problem, schedule: Schedule) -> Timeline:
+    where = _check_ops(problem, schedule)
+    pipe = problem.pipeline
+    last_stage = pipe.stages - 1
+    device_of = [pipe.device_of(s) for s in range(pipe.stages)]
+    p2p = problem.costs.p2p
+
+    # Nodes in (device, position) order; preds[n] = list of (pred node, lag, why).
+    ops: list[Op] = []
+    node_device: list[int] = []
+    for device, device_ops in enumerate(schedule.devices):
+        ops.extend(device_ops)
+        node_device.extend([device] * len(device_ops))
+    index = {op: n for n, op in enumerate(ops)}
+    count = len(ops)
+    preds: list[list[tuple[int, float]]] = [[] for _ in range(count)]
+    duration = [_duration(problem, op) for op in ops]
+
+    n = 0
+    for device, device_ops in enumerate(schedule.devices):
+        last_compute = last_off = last_rel = -1
+        for op in device_ops:
+            kind = op.kind
+            mine = preds[n]
+            if kind in COMPUTE_KINDS:
+                if last_compute >= 0:
+                    mine.append((last_compute, 0.0))
+                last_compute = n
+            else:
+                if last_compute >= 0:
+                    mine.append((last_compute, 0.0))  # issued once the compute listed before it has ended
+                if kind is _OFF:
+                    if last_off >= 0:
+                        mine.append((last_off, 0.0))
+                    last_off = n
+                else:
+                    if last_rel >= 0:
+                        mine.append((last_rel, 0.0))
+                    last_rel = n
+            s, i = op.stage, op.microbatch
+            if kind is _F:
+                if s > 0:
+                    mine.append((index[Op(_F, s - 1, i)], p2p if device_of[s - 1] != device else 0.0))
+            elif kind is _B or kind is _BW:
+                if s == last_stage:
+                    mine.append((index[Op(_F, s, i)], 0.0))
+                else:
+                    up = index.get(Op(_B, s + 1, i))
+                    if up is None:
+                        up = index[Op(_BW, s + 1, i)]
+                    mine.append((up, p2p if device_of[s + 1] != device else 0.0))
+                rel = index.get(Op(_REL, s, i))
+                if rel is not None:
+                    mine.append((rel, 0.0))
+            elif kind is _W:
+                mine.append((index[Op(_B, s, i)], 0.0))
+            elif kind is _OFF:
+                mine.append((index[Op(_F, s, i)], 0.0))
+            else:
+                mine.append((index[Op(_OFF, s, i)], 0.0))
+            n += 1
+
+    start, end = _longest_paths(ops, node_device, preds, duration)
+    timings = tuple(OpTiming(ops[k], node_device[k], start[k], end[k]) for k in range(count))
+    first = min(start) if count else 0.0
+    makespan = (max(end) - first) if count else 0.0
+    return _replay_memory(problem, schedule, timings, makespan, first)
+
+
+def _longest_paths(ops, node_device, preds, duration) -> tuple[list[float], list[float]]:
+    count = len(ops)
+    succs: list[list[tuple[int, float]]] = [[] for _ in range(count)]
+    indegree = [0] * count
+    for k, mine in enumerate(preds):
+        indegree[k] = len(mine)
+        for p, lag in mine:
+            succs[p].append((k, lag))
+    start = [0.0] * count
+    end = [0.0] * count
+    ready = deque(k for k in range(count) if indegree[k] == 0)
+    done = 0
+    while ready:
+        k = ready.popleft()
+        done += 1
+        finish = start[k] + duration[k]
+        end[k] = finish
+        for nxt, lag in succs[k]:
+            t = finish + lag
+            if t > start[nxt]:
+                start[nxt] = t
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    if done < count:
+        raise ScheduleError(_describe_cycle(ops, node_device, preds, indegree))
+    return start, end
+
+
+def _describe_cycle(ops, node_device, preds, indegree) -> str:
+    """Walk unfinished predecessors until a node repeats: that loop is the cycle."""
+    k = next(n for n in range(len(ops)) if indegree[n] > 0)
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    while k not in seen:
+        seen[k] = len(path)
+        path.append(k)
+        k = next(p for p, _ in preds[k] if indegree[p] > 0)
+    loop = path[seen[k]:]
+    loop.reverse()  # path follows waits backwards; reversed, each op waits for the one before it
+    names = [f"{ops[n]} (device {node_device[n]})" for n in loop]
+    chain = " -> ".join(names + [names[0]])
+    return (f"dependency cycle: these ops wait on each other, so none can start: {chain}; "
+            f"each op waits for the one before it (data dependency or device order); "
+            f"reorder the device lists so that every op comes after what it needs")
+
+
+def _replay_memory(problem: Problem, schedule: Schedule, timings, makespan: float, first: float) -> Timeline:
+    memory = problem.memory
+    act, keep = memory.activation, memory.weight_activation
+    devices = problem.devices
+    events: list[list[tuple[float, int, int]]] = [[] for _ in range(devices)]  # (time, order, delta)
+    host: list[list[tuple[float, int, int]]] = [[] for _ in range(devices)]
+    busy = [0.0] * devices
+    offloaded = schedule.offloaded
+    for t in timings:
+        op, d = t.op, t.device
+        kind, s = op.kind, op.stage
+        e = events[d]
+        if kind is _F:
+            e.append((round(t.start, 9), 1, act[s]))
+            busy[d] += t.end - t.start
+        elif kind is _B:
+            e.append((round(t.end, 9), 0, keep[s] - act[s]))
+            busy[d] += t.end - t.start
+        elif kind is _W:
+            e.append((round(t.end, 9), 0, -keep[s]))
+            busy[d] += t.end - t.start
+        elif kind is _BW:
+            e.append((round(t.end, 9), 0, -act[s]))
+            busy[d] += t.end - t.start
+        elif kind is _OFF:
+            e.append((round(t.end, 9), 0, -act[s]))
+            host[d].append((round(t.start, 9), 1, act[s]))
+        else:
+            e.append((round(t.start, 9), 1, act[s]))
+            host[d].append((round(t.end, 9), 0, -act[s]))
+    curves, peaks, peak_times, host_peaks = [], [], [], []
+    for d in range(devices):
+        curve, peak, when = _curve(events[d])
+        curves.append(curve)
+        peaks.append(peak)
+        peak_times.append(when - first if curve else 0.0)
+        host_peaks.append(_curve(host[d])[1])
+    return Timeline(
+        problem=problem,
+        schedule_name=schedule.name,
+        timings=timings,
+        makespan=makespan,
+        busy=tuple(busy),
+        memory=tuple(curves),
+        peak_memory=tuple(peaks),
+        peak_time=tuple(peak_times),
+        host_peak=tuple(host_peaks),
+    )
+
+
+def _curve(events: list[tuple[float, int, int]]) -> tuple[tuple[tuple[float, int], ...], int, float]:
+    """Frees at an instant happen before allocations at the same instant."""
+    events.sort()
+    held = peak = 0
+    when = 0.0
+    curve: list[tuple[float, int]] = []
+    for time, _, delta in events:
+        held += delta
+        if curve and curve[-1][0] == time:
+            curve[-1] = (time, held)
+        else:
+            curve.append((time, held))
+        if held > peak:
+            peak, when = held, time
+    return tuple(curve), peak, when
+
+
+def describe_fit(timeline: Timeline) -> str:
+    budget = timeline.problem.memory.budget
+    return f"peak {format_size(timeline.peak)} on device {timeline.peak_device} against a budget of {format_size(budget)}"

@@ -1,0 +1,1 @@
+"""The torch runtime: the only part of optpipe that imports torch."""

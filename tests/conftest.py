@@ -1,0 +1,33 @@
+"""Shared fixtures: the benchmark problems shipped in benchmarks/problems/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, load_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBLEM_DIR = ROOT / "benchmarks" / "problems"
+INSTANCES = sorted(PROBLEM_DIR.glob("*.toml"))
+
+
+def uniform_problem(p: int, m: int, *, v: int = 1, f: float = 1.0, b: float = 1.0, w: float = 1.0,
+                    p2p: float = 0.0, act: int = 100, keep: int = 50, budget: int | None = None,
+                    placement: Placement = Placement.INTERLEAVED, offload: Offload | None = None,
+                    name: str = "uniform") -> Problem:
+    """A problem with equal stage costs, for closed-form checks."""
+    stages = p * v
+    return Problem(
+        name=name,
+        pipeline=Pipeline(p, v, placement, m),
+        costs=Costs((f,) * stages, (b,) * stages, (w,) * stages, p2p),
+        memory=Memory((act,) * stages, (keep,) * stages, budget if budget is not None else act * m * v),
+        offload=offload or Offload(),
+    )
+
+
+@pytest.fixture(params=INSTANCES, ids=lambda p: p.stem)
+def instance(request) -> Problem:
+    return load_problem(request.param)
