@@ -16,7 +16,7 @@ from .problem import Problem
 from .schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from .units import format_size
 
-__all__ = ["OpTiming", "Timeline", "simulate", "describe_fit"]
+__all__ = ["OpTiming", "Timeline", "simulate", "describe_fit", "op_duration"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 
@@ -95,7 +95,8 @@ class Timeline:
         }
 
 
-def _duration(problem: Problem, op: Op) -> float:
+def op_duration(problem: Problem, op: Op) -> float:
+    """Milliseconds; transfers take bytes over the channel's bandwidth."""
     costs, kind, s = problem.costs, op.kind, op.stage
     if kind is _F:
         return costs.forward[s]
@@ -186,7 +187,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     index = {op: n for n, op in enumerate(ops)}
     count = len(ops)
     preds: list[list[tuple[int, float]]] = [[] for _ in range(count)]
-    duration = [_duration(problem, op) for op in ops]
+    duration = [op_duration(problem, op) for op in ops]
 
     n = 0
     for device, device_ops in enumerate(schedule.devices):

@@ -1,3 +1,10 @@
-"""Published heuristic schedules, one module per family; importing registers them all."""
+"""Published heuristic schedules, one module per family; importing this package registers them all.
 
-from . import gpipe, one_f_one_b  # noqa: F401
+Modules are found by listing the package, so adding a family is adding a file.
+"""
+
+import importlib
+import pkgutil
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):
+    importlib.import_module(f"{__name__}.{_module}")
