@@ -33,15 +33,18 @@ def comparison_table(problem, entries) -> Table:
     table = Table(title=f"{problem.name}: {problem.devices} devices, {problem.stages} stages, "
                         f"{problem.microbatches} microbatches, budget {format_size(budget)}")
     for column, justify in (("schedule", "left"), ("makespan ms", "right"), ("bubble", "right"),
-                            ("peak memory (device)", "right"), ("host peak", "right"), ("fits", "center")):
-        table.add_column(column, justify=justify)
+                            ("peak memory (device)", "right"), ("host peak", "right"), ("fits", "center"), ("note", "left")):
+        table.add_column(column, justify=justify, overflow="fold")
     for entry in entries:
         t = entry.timeline
         if t is None:
-            table.add_row(entry.name, "n/a", "", f"[dim]{entry.reason}[/]", "", "")
+            table.add_row(entry.name, "n/a", "", "", "", "", f"[dim]{entry.reason}[/]")
             continue
         fits = "[green]yes[/]" if t.fits else "[red]no[/]"
+        note = "" if t.fits_budget else f"{t.peak / budget:.2f}x the budget"
+        if not t.fits_host:
+            note = "over the host budget"
         host = format_size(max(t.host_peak)) if max(t.host_peak) else "-"
         table.add_row(entry.name, f"{t.makespan:,.1f}", f"{t.bubble_ratio:.1%}",
-                      f"{format_size(t.peak)} (d{t.peak_device})", host, fits)
+                      f"{format_size(t.peak)} (d{t.peak_device})", host, fits, note)
     return table

@@ -1,0 +1,41 @@
+"""`make bench`: run every benchmark in turn (or the ones named on the command line)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+from ._common import console
+
+# Cheapest first; each module has run() and saves its own JSON.
+ORDER = ("simulator_speed", "heuristics", "torch_interop", "solver_quality", "runtime_overhead")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("names", nargs="*", choices=[[], *ORDER], help="benchmarks to run (default: all)")
+    args = parser.parse_args(argv)
+    failed = []
+    for name in args.names or ORDER:
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+        except ModuleNotFoundError as error:
+            if error.name == f"benchmarks.{name}":
+                console.print(f"[yellow]{name}: not built yet, skipped[/]")
+                continue
+            raise
+        console.rule(f"[bold]{name}")
+        start = time.perf_counter()
+        try:
+            module.run()
+        except Exception as error:  # a benchmark that breaks must not hide the others' figures
+            console.print(f"[red]{name} failed: {error!r}[/]")
+            failed.append(name)
+        console.print(f"[dim]{name}: {time.perf_counter() - start:.1f} s[/]")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

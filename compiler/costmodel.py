@@ -1,0 +1,179 @@
+"""Derive per-stage costs and memory from a GPT-like model and a device.
+
+Formulas (fp16/bf16 training, no recomputation; Korthikanti et al. 2022 for activations, the
+Zero Bubble paper, arXiv 2401.10241 section 2, for the F:B:W split):
+
+- per transformer layer, with s = seq_len, b = micro_batch_size, h = hidden, a = heads:
+  forward FLOPs 24·b·s·h² (matmuls) + 4·b·s²·h (attention scores and values);
+  backward-input repeats the matmuls (24·b·s·h²) and doubles the attention part (8·b·s²·h);
+  backward-weight is the matmuls' weight gradients only (24·b·s·h²).
+  Saved activation s·b·(34h + 5·a·s) bytes, of which 32·s·b·h are inputs to weight matmuls and
+  stay until W.
+- the embedding (first stage) saves nothing worth counting and costs ~nothing; the output layer
+  (last stage) costs 2·b·s·h·V FLOPs for each of F, B and W, saves its input (2·s·b·h bytes, kept
+  for W) and the fp32 logits for the loss (4·s·b·V bytes).
+- time = FLOPs / (peak TFLOPS · MFU); p2p = one activation (2·s·b·h bytes) over the p2p link.
+- budget = device memory − 16 bytes per parameter on the busiest device (fp16 weights and
+  gradients, fp32 master weights and two Adam moments) − a fixed reserve for workspace.
+
+Layers are split evenly over stages (the first stages take one more when it does not divide).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ProblemError
+from .problem import Costs, Memory, Pipeline
+from .units import parse_bandwidth, parse_size
+
+__all__ = ["ModelSpec", "HardwareSpec", "HARDWARE_PRESETS", "derive", "layers_per_stage", "stage_figures"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    micro_batch_size: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    tflops: float  # dense fp16/bf16 peak
+    memory: int  # bytes per device
+    pcie_bandwidth: float  # bytes/s, host link each way
+    p2p_bandwidth: float  # bytes/s between pipeline neighbours
+    mfu: float  # model FLOPs utilisation assumed
+    reserve: int  # bytes kept back for workspace and fragmentation
+
+
+HARDWARE_PRESETS: dict[str, HardwareSpec] = {
+    "A100-80GB": HardwareSpec(312.0, 80 * 2**30, 25e9, 25e9, 0.45, 4 * 2**30),
+    "H100-80GB": HardwareSpec(989.0, 80 * 2**30, 50e9, 50e9, 0.40, 4 * 2**30),
+    "H200-141GB": HardwareSpec(989.0, 141 * 10**9, 50e9, 50e9, 0.40, 4 * 2**30),
+}
+
+_MODEL_KEYS = {"layers", "hidden", "heads", "seq_len", "micro_batch_size", "vocab"}
+_HARDWARE_KEYS = {"preset", "tflops", "memory", "pcie_bandwidth", "p2p_bandwidth", "mfu", "reserve"}
+
+
+def _int(table: dict, key: str) -> int:
+    value = table.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ProblemError(f"model.{key}: expected a positive integer, got {value!r}")
+    return value
+
+
+def _model(table: dict) -> ModelSpec:
+    for key in table:
+        if key not in _MODEL_KEYS:
+            raise ProblemError(f"model.{key}: unknown key; expected one of {', '.join(sorted(_MODEL_KEYS))}")
+    spec = ModelSpec(*(_int(table, key) for key in ("layers", "hidden", "heads", "seq_len", "micro_batch_size", "vocab")))
+    if spec.hidden % spec.heads:
+        raise ProblemError(f"model.heads: {spec.heads} does not divide model.hidden = {spec.hidden}")
+    return spec
+
+
+def _hardware(table: dict) -> HardwareSpec:
+    for key in table:
+        if key not in _HARDWARE_KEYS:
+            raise ProblemError(f"hardware.{key}: unknown key; expected one of {', '.join(sorted(_HARDWARE_KEYS))}")
+    base = None
+    if "preset" in table:
+        base = HARDWARE_PRESETS.get(table["preset"])
+        if base is None:
+            raise ProblemError(f"hardware.preset: unknown preset {table['preset']!r}; known presets: "
+                               f"{', '.join(HARDWARE_PRESETS)} (or give tflops, memory and pcie_bandwidth)")
+    def number(key: str, fallback):
+        if key in table:
+            value = table[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ProblemError(f"hardware.{key}: expected a positive number, got {value!r}")
+            return float(value)
+        if fallback is None:
+            raise ProblemError(f"hardware.{key}: missing; give it or a preset ({', '.join(HARDWARE_PRESETS)})")
+        return fallback
+
+    tflops = number("tflops", base.tflops if base else None)
+    mfu = number("mfu", base.mfu if base else 0.4)
+    if mfu > 1:
+        raise ProblemError(f"hardware.mfu: a fraction of peak between 0 and 1, got {mfu}")
+    memory = parse_size(table["memory"], "hardware.memory") if "memory" in table else (base.memory if base else None)
+    if memory is None:
+        raise ProblemError(f'hardware.memory: missing; give it like "80GiB" or a preset ({", ".join(HARDWARE_PRESETS)})')
+    pcie = (parse_bandwidth(table["pcie_bandwidth"], "hardware.pcie_bandwidth") if "pcie_bandwidth" in table
+            else (base.pcie_bandwidth if base else None))
+    if pcie is None:
+        raise ProblemError('hardware.pcie_bandwidth: missing; give it like "25GB/s" or a preset')
+    p2p = (parse_bandwidth(table["p2p_bandwidth"], "hardware.p2p_bandwidth") if "p2p_bandwidth" in table
+           else (base.p2p_bandwidth if base else pcie))
+    reserve = parse_size(table["reserve"], "hardware.reserve") if "reserve" in table else (base.reserve if base else 4 * 2**30)
+    return HardwareSpec(tflops, memory, pcie, p2p, mfu, reserve)
+
+
+def layers_per_stage(layers: int, stages: int) -> tuple[int, ...]:
+    if layers < stages:
+        raise ProblemError(f"model.layers: {layers} layers cannot fill {stages} stages; "
+                           f"use at least one layer per stage (devices x chunks_per_device)")
+    base, extra = divmod(layers, stages)
+    return tuple(base + (1 if s < extra else 0) for s in range(stages))
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    forward_flops: float
+    backward_input_flops: float
+    backward_weight_flops: float
+    activation: int
+    weight_activation: int
+    parameters: int
+
+
+def stage_figures(model: ModelSpec, stages: int) -> tuple[StageFigures, ...]:
+    s, b, h, a, V = model.seq_len, model.micro_batch_size, model.hidden, model.heads, model.vocab
+    out = []
+    for stage, layers in enumerate(layers_per_stage(model.layers, stages)):
+        matmul = 24 * b * s * h * h
+        attention = 4 * b * s * s * h
+        f = layers * (matmul + attention)
+        bi = layers * (matmul + 2 * attention)
+        bw = layers * matmul
+        act = layers * s * b * (34 * h + 5 * a * s)
+        keep = layers * 32 * s * b * h
+        params = layers * (12 * h * h + 13 * h)
+        if stage == 0:
+            params += V * h + s * h  # token and position embeddings
+        if stage == stages - 1:
+            head = 2 * b * s * h * V
+            f, bi, bw = f + head, bi + head, bw + head
+            act += 2 * s * b * h + 4 * s * b * V
+            keep += 2 * s * b * h
+            params += 2 * h  # final layer norm; the output matrix is tied to the embedding
+        out.append(StageFigures(f, bi, bw, act, keep, params))
+    return tuple(out)
+
+
+def derive(model_table: dict, hardware_table: dict, pipeline: Pipeline) -> tuple[Costs, Memory, float]:
+    """Costs, memory (with a derived budget) and the host-link bandwidth for ``pipeline``."""
+    model, hw = _model(model_table), _hardware(hardware_table)
+    figures = stage_figures(model, pipeline.stages)
+    rate = hw.tflops * 1e12 * hw.mfu / 1e3  # FLOPs per millisecond
+    costs = Costs(
+        forward=tuple(round(f.forward_flops / rate, 6) for f in figures),
+        backward_input=tuple(round(f.backward_input_flops / rate, 6) for f in figures),
+        backward_weight=tuple(round(f.backward_weight_flops / rate, 6) for f in figures),
+        p2p=round(2 * model.seq_len * model.micro_batch_size * model.hidden / hw.p2p_bandwidth * 1e3, 6),
+    )
+    params_per_device = [sum(figures[s].parameters for s in pipeline.stages_on(d)) for d in range(pipeline.devices)]
+    budget = hw.memory - 16 * max(params_per_device) - hw.reserve
+    if budget <= 0:
+        raise ProblemError(
+            f"[hardware]: the model's weights, gradients and optimizer state ({16 * max(params_per_device) / 2**30:.1f}GiB "
+            f"on the busiest device) leave no room for activations in {hw.memory / 2**30:.0f}GiB; "
+            f"use more devices or a larger device"
+        )
+    memory = Memory(tuple(f.activation for f in figures), tuple(f.weight_activation for f in figures), budget)
+    return costs, memory, hw.pcie_bandwidth
