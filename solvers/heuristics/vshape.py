@@ -1,0 +1,85 @@
+"""V-shape schedules ZBV, V-Half and V-Min (Qi et al., arXiv 2405.15362, sections 3-4).
+
+Each device holds two model chunks placed in a V (stage s on device s if s < p, else 2p-1-s), so
+device 0 runs the first and the last stage, the hand-off at the bottom of the V stays on one
+device, and backward is split into B and W. Each schedule is one building block (``VBlock``: the
+slots between a pass on one device and the same pass on the next, and at the bends of the V)
+repeated every 6 unit slots, with W filling the free slots and the warm-up and cool-down
+reordered under the steady state's memory peak (see ``_vshape_blocks``).
+
+Memory unit below: one chunk activation (``memory.activation`` of one stage). 1F1B on the same
+model holds p activations of a whole device's share, 2p chunk activations on device 0. With
+equal costs (F = B = W per stage, p2p = 0) a device computes 6m stage-units; 1F1B on the same
+model needs 6m + 6(p-1).
+
+- ZBV: offsets 4, 2, 4, 2; the two lifespans on a device add up to 12p-4 slots, about 2p
+  intervals: 1F1B's memory, 2p chunk activations on every device. The steady state has no idle
+  slot; the only idle time left is the pipeline fill, makespan 6m + (p-1) for m >= p (the first
+  forward reaches device p-1 after p-1 slots). The paper counts this as zero bubble.
+- V-Half: offsets 2, 1, 2, 1; lifespans about 6p slots, p intervals: half of 1F1B's memory as p
+  grows. Peak: the paper's (p+2)//2 whole-device activations, 2((p+2)//2) chunk activations
+  (3/4 of 1F1B's at p = 4, 5/8 at p = 8). Idle time about half of 1F1B's (the paper's bubble
+  rate ~p/2m against ~p/m); measured 3p-7 for even p, 3p-4 for odd (below).
+- V-Min: offsets 1, 1, 1, 1; lifespans about 4p slots, 2p/3 intervals: a third of 1F1B's memory
+  as p grows. Peak: the paper's (p+4)//3 whole-device activations (1/2 of 1F1B's at p = 4 and
+  8, 5/12 at p = 12). Idle time about two thirds of 1F1B's (the paper's ~2p/3m against ~p/m);
+  measured 4p-5, or 4p-6 when 3 divides p (below).
+
+Measured idle times are for 3 <= p <= 16, m >= 2p, F = B = W, p2p = 0 and weight_activation =
+activation/2 (tests/test_heuristics_v.py checks p up to 8); they do not grow with m.
+
+The peaks above are exact when B frees nothing until W (weight_activation = activation, how the
+reference code counts); when B frees part of it (DESIGN.md) V-Min can hold one chunk activation
+less (7 instead of 8 at p = 8) and the others hold the same.
+"""
+
+from __future__ import annotations
+
+from optpipe.compiler.problem import Placement, Problem
+from optpipe.compiler.schedule import Schedule
+
+from ..registry import register, require
+from ._vshape_blocks import VBlock, v_schedule
+
+__all__ = ["ZBV_BLOCK", "V_HALF_BLOCK", "V_MIN_BLOCK", "zbv", "v_half", "v_min"]
+
+_SOURCE = "Qi et al., Pipeline Parallelism with Controllable Memory (arXiv 2405.15362), sections 3-4"
+
+# ZB-V's steady state (Zero Bubble PP, arXiv 2401.10241, section 6) read as a building block:
+# on each device F0 B0 W0 F1 B1 W1 with no idle slot; the bends wait 3 slots so that they do.
+ZBV_BLOCK = VBlock(offsets=(4, 2, 4, 2), turns=(3, 1, 3))
+# The paper's V-Half block: forwards and backwards down the V take 2 slots, up the V 1.
+V_HALF_BLOCK = VBlock(offsets=(2, 1, 2, 1), turns=(1, 1, 2))
+# The paper's V-Min block: every pass follows the one it needs at once.
+V_MIN_BLOCK = VBlock(offsets=(1, 1, 1, 1), turns=(1, 1, 1))
+
+
+def _require_vshape(name: str, problem: Problem) -> None:
+    pipe = problem.pipeline
+    require(
+        pipe.placement is Placement.VSHAPE and pipe.chunks_per_device == 2,
+        f"{name} is built for the V-shape placement with 2 chunks per device (stage s on device s if "
+        f"s < p, else 2p-1-s), whose blocks pair a long-lived chunk with a short-lived one on each "
+        f"device; this problem has placement = \"{pipe.placement.value}\" with "
+        f"{pipe.chunks_per_device} chunk(s) per device; set placement = \"vshape\" and "
+        f"chunks_per_device = 2",
+    )
+
+
+@register("ZBV", _SOURCE + "; ZB-V of arXiv 2401.10241 section 6",
+          "V-shape, split backward; 1F1B's memory (2p chunk activations), idle only p-1 slots of pipeline fill")
+def zbv(problem: Problem) -> Schedule:
+    _require_vshape("ZBV", problem)
+    return v_schedule("ZBV", problem, ZBV_BLOCK)
+
+
+@register("V-Half", _SOURCE, "V-shape, split backward; about half of 1F1B's memory and of its bubble")
+def v_half(problem: Problem) -> Schedule:
+    _require_vshape("V-Half", problem)
+    return v_schedule("V-Half", problem, V_HALF_BLOCK)
+
+
+@register("V-Min", _SOURCE, "V-shape, split backward; about a third of 1F1B's memory, two thirds of its bubble")
+def v_min(problem: Problem) -> Schedule:
+    _require_vshape("V-Min", problem)
+    return v_schedule("V-Min", problem, V_MIN_BLOCK)
