@@ -1,0 +1,73 @@
+"""PO-H and PO-F: PipeOffload's offloading schedules (Wan et al., arXiv 2503.01328).
+
+Both start from GIS-H, whose interleaving spreads each device's activations evenly over time,
+and move activations to host memory in the window between F and B: an offload right after F,
+a reload as late as still ends before B (``offload_slots.add_offloads``).
+
+- PO-H offloads the activations of half of the stages, those that live longest between F and
+  B. Under GIS-H with v = 2 these are the first chunk's stages, which make up most of a
+  device's peak: with F = B = W and k <= 1 device 0 falls from ceil(p/2) + p chunk activations
+  to ceil(p/2) + 2 (the second chunk's plus two of the first in transit: an F starts as the
+  previous F's offload begins). That is the paper's better-than-linear saving for p > 8,
+  exactly half at p = 8, and below a quarter of interleaved 1F1B's p*v + p - 1 for even
+  p >= 10 and odd p >= 13.
+- PO-F offloads every activation. The host link keeps up when a stage's round trip
+  (offload + reload) takes no longer than its F + B, k <= 1 in the paper; beyond that PO-F does
+  not apply and PO-H (or a solver) is the choice.
+
+Both leave on the device the activations whose window cannot hold a round trip (the last
+stage's B follows its F at once), as PipeOffload's released code also skips them, and those whose
+transfers the channels cannot hide behind others' (``add_hidden_offloads``): moving them would
+only make a backward wait, so both run exactly as fast as GIS-H.
+"""
+
+from __future__ import annotations
+
+from optpipe.compiler.problem import Problem
+from optpipe.compiler.schedule import Schedule
+from optpipe.compiler.simulate import simulate
+
+from ..offload_slots import add_hidden_offloads, longest_lived_stages, offloadable, round_trip_ms
+from ..registry import register, require
+from .gis import gis_h
+
+__all__ = ["po_h", "po_f", "K_TOLERANCE"]
+
+_SOURCE = "Wan et al., PipeOffload (arXiv 2503.01328): selective (PO-H) and full (PO-F) offload"
+
+# Problem files give sizes to 0.1 MiB, so a link sized for k = 1 reads as k = 1.0001
+# (benchmarks/problems/zb15b-p8-m32-half.toml); a round trip 0.1% over F + B is still "k = 1".
+K_TOLERANCE = 1e-3
+
+
+def _require_offload(problem: Problem, name: str) -> None:
+    require(problem.offload.enabled,
+            f"{name} moves activations to host memory, but offload is not enabled in this problem; add "
+            f"[offload] enabled = true with d2h_bandwidth and h2d_bandwidth")
+
+
+@register("PO-H", _SOURCE, "GIS-H with the longest-lived half of the stages offloaded")
+def po_h(problem: Problem) -> Schedule:
+    _require_offload(problem, "PO-H")
+    base = gis_h(problem)
+    timeline = simulate(problem, base)
+    half = frozenset(longest_lived_stages(timeline)[: -(-problem.stages // 2)])
+    chosen = [pair for pair in offloadable(timeline) if pair[0] in half]
+    return add_hidden_offloads(problem, base, chosen).renamed("PO-H")
+
+
+@register("PO-F", _SOURCE, "GIS-H with every activation offloaded that fits a round trip; needs k <= 1")
+def po_f(problem: Problem) -> Schedule:
+    _require_offload(problem, "PO-F")
+    costs = problem.costs
+    for stage in range(problem.stages):
+        trip = round_trip_ms(problem, stage)
+        compute = costs.forward[stage] + costs.backward_input[stage]
+        k = trip / compute
+        require(k <= 1 + K_TOLERANCE,
+                f"PO-F offloads every activation, which the host link hides only when a round trip takes no "
+                f"longer than the stage's F + B (k <= 1); stage {stage}: offload {problem.offload_ms(stage):.2f} ms "
+                f"+ reload {problem.reload_ms(stage):.2f} ms = {trip:.2f} ms > F + B = {compute:.2f} ms "
+                f"(k = {k:.2f}); use PO-H, which offloads only the longest-lived half")
+    base = gis_h(problem)
+    return add_hidden_offloads(problem, base, offloadable(simulate(problem, base))).renamed("PO-F")

@@ -1,0 +1,211 @@
+"""Where activation transfers go in a schedule, and which activations are worth moving.
+
+A transfer is issued once the compute op listed just before it on its device has ended
+(compiler/schedule.py), so choosing a transfer's slot means choosing its list position.
+``add_offloads`` puts OFFLOAD(s, i) right after F(s, i), the earliest slot, so the D2H channel
+frees the device as soon as it can; and RELOAD(s, i) after the latest compute op that still
+lets it end before B(s, i) starts, because a reload holds device memory from its start.
+
+The pass works from the compute-only schedule's timeline: offloads never delay compute, and
+a reload placed that way never delays its backward, so when every reload fits, the result has
+exactly the compute timeline of its input. A reload fits when its window (from its offload's
+end to B's start, minus the H2D channel's queue) holds ``reload_ms``; when it does not, the pass
+places it as early as allowed and B waits for it: the trade-off is a later B rather than no
+offload. Callers that cannot afford it pick pairs whose window holds a round trip
+(``offloadable``, ``longest_lived``) and let ``add_hidden_offloads`` drop those the channels
+still cannot hide (queued behind other transfers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from optpipe.compiler.errors import ProblemError, ScheduleError
+from optpipe.compiler.problem import Problem
+from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.compiler.simulate import Timeline, simulate
+
+__all__ = [
+    "round_trip_ms",
+    "activation_windows",
+    "offloadable",
+    "longest_lived",
+    "longest_lived_stages",
+    "add_offloads",
+    "add_hidden_offloads",
+]
+
+_EPS = 1e-9  # ms; the simulator's time resolution
+_F, _B, _BW = OpKind.F, OpKind.B, OpKind.BW
+
+
+def round_trip_ms(problem: Problem, stage: int) -> float:
+    """Offload plus reload of one activation of ``stage``: the window it needs between F and B."""
+    return problem.offload_ms(stage) + problem.reload_ms(stage)
+
+
+def activation_windows(timeline: Timeline) -> dict[tuple[int, int], float]:
+    """(stage, microbatch) -> ms from the end of F to the start of its B (or BW)."""
+    ends: dict[tuple[int, int], float] = {}
+    starts: dict[tuple[int, int], float] = {}
+    for timing in timeline.timings:
+        op = timing.op
+        if op.kind is _F:
+            ends[(op.stage, op.microbatch)] = timing.end
+        elif op.kind is _B or op.kind is _BW:
+            starts[(op.stage, op.microbatch)] = timing.start
+    return {pair: starts[pair] - end for pair, end in ends.items()}
+
+
+def offloadable(timeline: Timeline) -> tuple[tuple[int, int], ...]:
+    """Pairs whose window holds a round trip, longest window first (ties by stage, microbatch).
+
+    A pair outside this set (the last stage's, whose B follows F at once) would make its B wait.
+    """
+    problem = timeline.problem
+    windows = activation_windows(timeline)
+    fits = [pair for pair, window in windows.items() if window + _EPS >= round_trip_ms(problem, pair[0])]
+    return tuple(sorted(fits, key=lambda pair: (-windows[pair], pair)))
+
+
+def longest_lived(timeline: Timeline, count: int) -> frozenset[tuple[int, int]]:
+    """The ``count`` offloadable pairs that live longest between F and B (fewer if fewer fit)."""
+    return frozenset(offloadable(timeline)[:max(count, 0)])
+
+
+def longest_lived_stages(timeline: Timeline) -> tuple[int, ...]:
+    """Every stage, by the mean window of its activations, longest first (ties by stage)."""
+    windows = activation_windows(timeline)
+    total: dict[int, float] = {}
+    for (stage, _), window in windows.items():
+        total[stage] = total.get(stage, 0.0) + window
+    microbatches = timeline.problem.microbatches
+    return tuple(sorted(total, key=lambda stage: (-total[stage] / microbatches, stage)))
+
+
+def _check_pairs(problem: Problem, pairs: Iterable[tuple[int, int]]) -> frozenset[tuple[int, int]]:
+    if not problem.offload.enabled:
+        raise ProblemError("offload is not enabled in the problem, so no activation can move to the host; "
+                           "add [offload] enabled = true with d2h_bandwidth and h2d_bandwidth")
+    stages, microbatches = problem.stages, problem.microbatches
+    checked = set()
+    for pair in pairs:
+        stage, microbatch = pair
+        if not (0 <= stage < stages and 0 <= microbatch < microbatches):
+            raise ScheduleError(f"cannot offload (stage {stage}, microbatch {microbatch}): stages run "
+                                f"0..{stages - 1} and microbatches 0..{microbatches - 1}")
+        checked.add((stage, microbatch))
+    return frozenset(checked)
+
+
+def add_offloads(problem: Problem, schedule: Schedule, chosen: Iterable[tuple[int, int]]) -> Schedule:
+    """``schedule`` with OFFLOAD/RELOAD ops for ``chosen`` (stage, microbatch) pairs.
+
+    Before: a valid schedule; transfers already in it are taken out and their pairs placed again
+    with the chosen ones. After: every compute op keeps its list order, each chosen pair (and each
+    pair the input offloaded) has OFFLOAD right after its F and RELOAD before its backward; the
+    input is not changed.
+    """
+    pairs = _check_pairs(problem, chosen) | schedule.offloaded
+    compute = _compute_only(schedule)
+    timeline = simulate(problem, compute)
+    by_op = timeline.by_op
+    devices = []
+    for ops in compute.devices:
+        mine = [op for op in ops if op.kind is _F and (op.stage, op.microbatch) in pairs]
+        if not mine:
+            devices.append(ops)
+            continue
+        offload_end = _offload_ends(problem, mine, by_op)
+        after = _reload_slots(problem, ops, offload_end, by_op)
+        devices.append(_merge(ops, pairs, after))
+    return Schedule(schedule.name, tuple(devices))
+
+
+def add_hidden_offloads(problem: Problem, schedule: Schedule, candidates: Iterable[tuple[int, int]]) -> Schedule:
+    """``add_offloads`` for the candidates whose transfers the host link hides completely.
+
+    After: the compute timeline is exactly the input's. A reload that ends after its backward's
+    start in the input timeline would delay it. Each round drops, per device, the late pair whose
+    backward comes first (the later ones may only queue behind it) and places the rest again,
+    until none is late; every round shrinks the set, so this ends.
+    """
+    compute = _compute_only(schedule)
+    due = {(t.op.stage, t.op.microbatch): t.start for t in simulate(problem, compute).timings
+           if t.op.kind is _B or t.op.kind is _BW}
+    chosen = set(_check_pairs(problem, candidates))
+    while True:
+        placed = add_offloads(problem, compute, chosen)
+        first_late: dict[int, tuple[float, tuple[int, int]]] = {}
+        for t in simulate(problem, placed).timings:
+            pair = (t.op.stage, t.op.microbatch)
+            if t.op.kind is OpKind.RELOAD and t.end > due[pair] + _EPS:
+                first_late[t.device] = min(first_late.get(t.device, (math.inf, pair)), (due[pair], pair))
+        if not first_late:
+            return placed
+        chosen -= {pair for _, pair in first_late.values()}
+
+
+def _compute_only(schedule: Schedule) -> Schedule:
+    return Schedule(schedule.name, tuple(tuple(op for op in ops if op.kind in COMPUTE_KINDS)
+                                         for ops in schedule.devices))
+
+
+def _offload_ends(problem: Problem, forwards: list[Op], by_op) -> dict[tuple[int, int], float]:
+    """The D2H channel runs offloads in F order, each from max(F end, previous offload end)."""
+    ends = {}
+    free = -math.inf
+    for op in forwards:
+        start = max(by_op[op].end, free)
+        free = start + problem.offload_ms(op.stage)
+        ends[(op.stage, op.microbatch)] = free
+    return ends
+
+
+def _reload_slots(problem: Problem, ops: tuple[Op, ...], offload_end: dict[tuple[int, int], float],
+                  by_op) -> dict[int, list[Op]]:
+    """Compute-op index -> reloads listed right after it, in backward order.
+
+    Reloads share one FIFO channel in backward order. Going from the last backward to the first,
+    each reload must end by its B's start and by the next reload's start; it goes after the latest
+    compute op that allows that, which gives it the latest start (the least time holding memory).
+    When no slot allows it, it goes after the latest op that ended when its offload did: as early
+    as it can start, and its B waits.
+    """
+    ends = [by_op[op].end for op in ops]
+    forward_at = {(op.stage, op.microbatch): k for k, op in enumerate(ops) if op.kind is _F}
+    backward_at = [k for k, op in enumerate(ops)
+                   if op.kind in (_B, _BW) and (op.stage, op.microbatch) in offload_end]
+    after: dict[int, list[Op]] = {}
+    deadline = math.inf  # the next reload's start
+    limit = len(ops)  # keeping backward order on the channel, slots never move later going back
+    for position in reversed(backward_at):
+        op = ops[position]
+        pair = (op.stage, op.microbatch)
+        length = problem.reload_ms(op.stage)
+        released = offload_end[pair]
+        due = min(by_op[op].start, deadline)
+        # Slots before F start no later than one right after F (the offload ends after F does),
+        # so the search stops at F; and a reload is never listed before its own forward: in the
+        # rare case the channel order asks for that, it goes after F and the channel takes it
+        # out of backward order.
+        first = forward_at[pair]
+        candidates = range(max(min(position, limit) - 1, first), first - 1, -1)
+        slot = next((k for k in candidates if max(ends[k], released) + length <= due + _EPS), None)
+        if slot is None:  # cannot end in time: start when the offload ends (F ends before it does)
+            slot = next(k for k in candidates if ends[k] <= released + _EPS)
+        start = max(ends[slot], released)
+        after.setdefault(slot, []).insert(0, Op(OpKind.RELOAD, *pair))
+        deadline, limit = start, slot + 1
+    return after
+
+
+def _merge(ops: tuple[Op, ...], pairs: frozenset[tuple[int, int]], after: dict[int, list[Op]]) -> tuple[Op, ...]:
+    merged: list[Op] = []
+    for k, op in enumerate(ops):
+        merged.append(op)
+        if op.kind is _F and (op.stage, op.microbatch) in pairs:
+            merged.append(Op(OpKind.OFFLOAD, op.stage, op.microbatch))
+        merged.extend(after.get(k, ()))
+    return tuple(merged)
