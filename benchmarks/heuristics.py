@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from optpipe.compiler.commands.compare_cmd import comparison_table
+from optpipe.compiler.commands.compare_cmd import print_comparison
 from optpipe.compiler.problem import load_problem
 from optpipe.solvers.compare import compare
 
-from ._common import console, instances, save
+from ._common import instances, save
 
 
 def run() -> list[dict]:
@@ -14,7 +14,7 @@ def run() -> list[dict]:
     for path in instances():
         problem = load_problem(path)
         entries = compare(problem)
-        console.print(comparison_table(problem, entries))
+        print_comparison(problem, entries)
         rows += [{"problem": problem.name, **entry.to_json()} for entry in entries]
     save("heuristics", rows)
     return rows

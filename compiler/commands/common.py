@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from ..problem import Problem, load_problem, loads_problem
 from ..units import parse_size
 
 console = Console(highlight=False)
+if not console.is_terminal and "COLUMNS" not in os.environ:
+    console = Console(highlight=False, width=140)  # piped output: don't squeeze tables to 80 columns
 
 DEFAULT_PROBLEM = Path(__file__).resolve().parent.parent / "data" / "default.toml"
 

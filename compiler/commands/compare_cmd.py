@@ -24,8 +24,16 @@ def run(args) -> int:
     if args.json:
         print_json([entry.to_json() for entry in entries])
         return 0
-    console.print(comparison_table(problem, entries))
+    print_comparison(problem, entries)
     return 0
+
+
+def print_comparison(problem, entries) -> None:
+    """The table of applicable schedules, then one dim line per schedule that does not apply."""
+    console.print(comparison_table(problem, entries))
+    for entry in entries:
+        if not entry.applicable:
+            console.print(f"  [bold]{entry.name}[/] n/a: [dim]{entry.reason}[/]")
 
 
 def comparison_table(problem, entries) -> Table:
@@ -38,7 +46,6 @@ def comparison_table(problem, entries) -> Table:
     for entry in entries:
         t = entry.timeline
         if t is None:
-            table.add_row(entry.name, "n/a", "", "", "", "", f"[dim]{entry.reason}[/]")
             continue
         fits = "[green]yes[/]" if t.fits else "[red]no[/]"
         note = "" if t.fits_budget else f"{t.peak / budget:.2f}x the budget"

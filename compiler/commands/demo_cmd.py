@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import console, default_problem
+from .common import default_problem
 
 
 def add_parser(sub) -> None:
@@ -13,8 +13,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from optpipe.solvers.compare import compare
 
-    from .compare_cmd import comparison_table
+    from .compare_cmd import print_comparison
 
     problem = default_problem()
-    console.print(comparison_table(problem, compare(problem)))
+    print_comparison(problem, compare(problem))
     return 0

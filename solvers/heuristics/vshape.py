@@ -58,11 +58,9 @@ def _require_vshape(name: str, problem: Problem) -> None:
     pipe = problem.pipeline
     require(
         pipe.placement is Placement.VSHAPE and pipe.chunks_per_device == 2,
-        f"{name} is built for the V-shape placement with 2 chunks per device (stage s on device s if "
-        f"s < p, else 2p-1-s), whose blocks pair a long-lived chunk with a short-lived one on each "
-        f"device; this problem has placement = \"{pipe.placement.value}\" with "
-        f"{pipe.chunks_per_device} chunk(s) per device; set placement = \"vshape\" and "
-        f"chunks_per_device = 2",
+        f'{name} needs placement = "vshape" with chunks_per_device = 2 (its blocks pair a long-lived and a '
+        f'short-lived chunk on each device); this problem has "{pipe.placement.value}" with '
+        f"{pipe.chunks_per_device} chunk(s) per device",
     )
 
 
