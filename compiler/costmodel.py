@@ -8,7 +8,8 @@ Zero Bubble paper, arXiv 2401.10241 section 2, for the F:B:W split):
   backward-input repeats the matmuls (24·b·s·h²) and doubles the attention part (8·b·s²·h);
   backward-weight is the matmuls' weight gradients only (24·b·s·h²).
   Saved activation s·b·(34h + 5·a·s) bytes, of which 32·s·b·h are inputs to weight matmuls and
-  stay until W.
+  stay until W. With ``flash_attention = true`` the attention kernel recomputes its scores in
+  the backward, so the 5·a·s term (scores, softmax, dropout mask) is not saved.
 - the embedding (first stage) saves nothing worth counting and costs ~nothing; the output layer
   (last stage) costs 2·b·s·h·V FLOPs for each of F, B and W, saves its input (2·s·b·h bytes, kept
   for W) and the fp32 logits for the loss (4·s·b·V bytes).
@@ -38,6 +39,7 @@ class ModelSpec:
     seq_len: int
     micro_batch_size: int
     vocab: int
+    flash_attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "H200-141GB": HardwareSpec(989.0, 141 * 10**9, 50e9, 50e9, 0.40, 4 * 2**30),
 }
 
-_MODEL_KEYS = {"layers", "hidden", "heads", "seq_len", "micro_batch_size", "vocab"}
+_MODEL_KEYS = {"layers", "hidden", "heads", "seq_len", "micro_batch_size", "vocab", "flash_attention"}
 _HARDWARE_KEYS = {"preset", "tflops", "memory", "pcie_bandwidth", "p2p_bandwidth", "mfu", "reserve"}
 
 
@@ -71,7 +73,11 @@ def _model(table: dict) -> ModelSpec:
     for key in table:
         if key not in _MODEL_KEYS:
             raise ProblemError(f"model.{key}: unknown key; expected one of {', '.join(sorted(_MODEL_KEYS))}")
-    spec = ModelSpec(*(_int(table, key) for key in ("layers", "hidden", "heads", "seq_len", "micro_batch_size", "vocab")))
+    flash = table.get("flash_attention", False)
+    if not isinstance(flash, bool):
+        raise ProblemError(f"model.flash_attention: expected true or false, got {flash!r}")
+    sizes = (_int(table, key) for key in ("layers", "hidden", "heads", "seq_len", "micro_batch_size", "vocab"))
+    spec = ModelSpec(*sizes, flash_attention=flash)
     if spec.hidden % spec.heads:
         raise ProblemError(f"model.heads: {spec.heads} does not divide model.hidden = {spec.hidden}")
     return spec
@@ -141,7 +147,7 @@ def stage_figures(model: ModelSpec, stages: int) -> tuple[StageFigures, ...]:
         f = layers * (matmul + attention)
         bi = layers * (matmul + 2 * attention)
         bw = layers * matmul
-        act = layers * s * b * (34 * h + 5 * a * s)
+        act = layers * s * b * (34 * h + (0 if model.flash_attention else 5 * a * s))
         keep = layers * 32 * s * b * h
         params = layers * (12 * h * h + 13 * h)
         if stage == 0:
