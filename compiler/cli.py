@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from rich.console import Console
+from rich.text import Text
 
 from .errors import OptpipeError
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except OptpipeError as error:
-        err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        err.print(Text("error: ", style="bold red") + Text(str(error)), highlight=False, soft_wrap=True)
         return error.exit_code
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")

@@ -104,3 +104,11 @@ def test_console_script_runs_without_torch():
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_error_text_keeps_square_brackets(tmp_path, capsys):
+    """Messages name tables like [costs]; rich must not read them as markup."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[pipeline]\ndevices = 2\nmicrobatches = 4\n')
+    assert main(["check", str(bad)]) == 1
+    assert "[costs]: missing table" in capsys.readouterr().err
