@@ -1,0 +1,215 @@
+"""optpipe compile, minus the terminal: heuristics, warm starts, a solver, and the verdict.
+
+1. Judge every heuristic (compare.py); the best that fits is the baseline.
+2. Build warm starts (warmstart.py): heuristics with their activations offloaded often fit
+   where the plain ones do not.
+3. Run the chosen solver from the best warm start: CP-SAT on the whole problem when it is small,
+   the window search (lns.py) otherwise; or the MILP; or return the named heuristic.
+4. Return the fastest fitting schedule seen, as the simulator times it: never slower than the
+   baseline. When nothing fits, raise ``InfeasibleError`` with the smallest budget at which a
+   schedule was found and the proven memory lower bound.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from optpipe.compiler.errors import InfeasibleError, NotApplicable, SolverError
+from optpipe.compiler.problem import Problem
+from optpipe.compiler.schedule import Schedule
+from optpipe.compiler.simulate import Timeline
+from optpipe.compiler.units import format_size
+
+from .bounds import Bound, makespan_lower_bound, memory_lower_bound
+from .compare import Entry, best_fitting, compare
+from .result import Progress, SolveResult, SolveStatus
+from .warmstart import Candidate, best_candidate, warm_starts
+
+__all__ = ["SOLVERS", "Compiled", "compile_problem", "exact_model_fits"]
+
+SOLVERS = ("cpsat", "milp-highs", "milp-cbc")  # and "heuristic:NAME"
+_EPS = 1e-6
+# The full CP-SAT model has literals quadratic in a device's ops; above this many compute ops per
+# device the window search finds better schedules in the same time.
+_MAX_EXACT_OPS_PER_DEVICE = 48
+_WARM_SHARE = 0.3  # of the time limit, at most, for building warm starts
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """The schedule compile returns and everything the report shows about it."""
+
+    problem: Problem
+    solver: str
+    status: SolveStatus
+    schedule: Schedule
+    timeline: Timeline
+    lower_bound_ms: float
+    lower_bound_reason: str
+    solve_time_s: float
+    baseline: Entry | None  # the best fitting heuristic
+    start: str  # the warm start the solver began from
+    note: str  # what happened, in words
+    resolution_ms: float | None = None  # the exact model's time unit, when one ran
+
+    @property
+    def makespan_ms(self) -> float:
+        return self.timeline.makespan
+
+    @property
+    def gap(self) -> float:
+        return max(0.0, (self.makespan_ms - self.lower_bound_ms) / self.makespan_ms) if self.makespan_ms > 0 else 0.0
+
+    @property
+    def offloaded(self) -> int:
+        return len(self.schedule.offloaded)
+
+    def to_json(self) -> dict:
+        base = self.baseline.timeline if self.baseline else None
+        return {
+            "solver": self.solver,
+            "status": self.status.value,
+            "makespan_ms": self.makespan_ms,
+            "lower_bound_ms": self.lower_bound_ms,
+            "gap": self.gap,
+            "solve_time_s": self.solve_time_s,
+            "peak_memory_bytes": self.timeline.peak,
+            "budget_bytes": self.problem.memory.budget,
+            "offloaded": self.offloaded,
+            "baseline_name": self.baseline.name if self.baseline else None,
+            "baseline_makespan_ms": base.makespan if base else None,
+            "busiest_compute_ms": self.timeline.busiest_compute,
+        }
+
+
+def exact_model_fits(problem: Problem) -> bool:
+    """Is the problem small enough for the full CP-SAT model?"""
+    return 3 * problem.pipeline.chunks_per_device * problem.microbatches <= _MAX_EXACT_OPS_PER_DEVICE
+
+
+def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: float = 60.0, seed: int = 0,
+                    workers: int | None = None,
+                    on_progress: Callable[[Progress], None] | None = None) -> Compiled:
+    """The fastest fitting schedule the chosen solver finds within the time limit."""
+    began = time.monotonic()
+    _check_solver(solver)
+    report = on_progress or (lambda progress: None)
+    bound = makespan_lower_bound(problem)
+    entries = compare(problem)
+    baseline = best_fitting(entries)
+    if solver.startswith("heuristic:"):
+        return _heuristic(problem, solver, entries, baseline, bound, began)
+    candidates = warm_starts(problem, entries, deadline=began + _WARM_SHARE * time_limit_s)
+    start = best_candidate(candidates)
+    if start is not None:
+        report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))
+    left = max(0.0, time_limit_s - (time.monotonic() - began))
+    meets_bound = start is not None and start.timeline.makespan <= bound.value + _EPS
+    result = None if meets_bound else _run(problem, solver, start, left, seed, workers, on_progress, bound)
+    elapsed = time.monotonic() - began
+    chosen = _better(result, start)
+    if chosen is None:
+        raise _infeasible(problem, candidates, result)
+    schedule, timeline, name = chosen
+    lower = max(bound.value, result.lower_bound_ms if result is not None else 0.0)
+    reason = bound.reason if lower == bound.value else f"{solver}'s own bound"
+    lower = min(lower, timeline.makespan)
+    status, note = _verdict(result, start, name, timeline, lower, baseline)
+    return Compiled(problem, solver, status, schedule, timeline, lower, reason, elapsed, baseline,
+                    start.name if start else "-", note, result.resolution_ms if result else None)
+
+
+def _check_solver(solver: str) -> None:
+    if solver in SOLVERS or solver.startswith("heuristic:"):
+        return
+    raise SolverError(f"--solver: unknown solver {solver!r}; expected one of {', '.join(SOLVERS)} "
+                      f"or heuristic:NAME (for example heuristic:ZB-H1)")
+
+
+def _heuristic(problem: Problem, solver: str, entries: list[Entry], baseline: Entry | None, bound: Bound,
+               began: float) -> Compiled:
+    name = solver.split(":", 1)[1]
+    from .registry import get_generator
+
+    canonical = get_generator(name).name
+    entry = next(e for e in entries if e.name == canonical)
+    if entry.timeline is None:
+        raise NotApplicable(f"{canonical} does not apply to this problem: {entry.reason}")
+    if not entry.fits:
+        peak = entry.timeline.peak
+        raise InfeasibleError(
+            f"{canonical} does not fit: it peaks at {format_size(peak)} against a budget of "
+            f"{format_size(problem.memory.budget)}; raise the budget to {format_size(peak)} or use --solver cpsat",
+            smallest_found=peak, memory_lower_bound=int(memory_lower_bound(problem).value))
+    timeline = entry.timeline
+    lower = min(bound.value, timeline.makespan)
+    optimal = timeline.makespan <= lower + _EPS
+    status = SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE
+    return Compiled(problem, solver, status, entry.schedule, timeline, lower, bound.reason,
+                    time.monotonic() - began, baseline, canonical, f"the {canonical} heuristic, as asked")
+
+
+def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: float, seed: int,
+         workers: int | None, on_progress, bound: Bound) -> SolveResult | None:
+    hint = start.schedule if start is not None else None
+    if solver == "cpsat":
+        if exact_model_fits(problem) or start is None:
+            from .cpsat import solve_cpsat
+
+            return solve_cpsat(problem, time_limit_s=time_limit_s, hint=hint, seed=seed, workers=workers,
+                               on_progress=on_progress)
+        from .lns import improve
+
+        began = time.monotonic()
+        search = improve(problem, start.schedule, time_limit_s=time_limit_s, seed=seed, workers=workers,
+                         on_progress=on_progress, bound_ms=bound.value)
+        return SolveResult("cpsat", SolveStatus.FEASIBLE, search.schedule.renamed("cpsat"), search.timeline,
+                           search.timeline.makespan, bound.value, time.monotonic() - began, 0.0)
+    from .milp import solve_milp
+
+    backend = solver.split("-", 1)[1]
+    return solve_milp(problem, backend=backend, time_limit_s=time_limit_s, hint=hint, seed=seed,
+                      on_progress=on_progress)
+
+
+def _better(result: SolveResult | None, start: Candidate | None) -> tuple[Schedule, Timeline, str] | None:
+    """The solver's schedule when it fits and is faster than the warm start, else the warm start."""
+    solved = result is not None and result.timeline is not None and result.timeline.fits
+    if solved and (start is None or result.timeline.makespan < start.timeline.makespan - _EPS):
+        return result.schedule, result.timeline, result.solver
+    if start is not None:
+        return start.schedule, start.timeline, start.name
+    return None
+
+
+def _verdict(result: SolveResult | None, start: Candidate | None, name: str, timeline: Timeline, lower: float,
+             baseline: Entry | None) -> tuple[SolveStatus, str]:
+    proven = result is not None and result.status is SolveStatus.OPTIMAL and name == result.solver
+    if proven or timeline.makespan <= lower + _EPS:
+        return SolveStatus.OPTIMAL, "optimal: the makespan meets the lower bound" if not proven else "proven optimal"
+    if start is not None and name == start.name:
+        if baseline is not None and start.name == baseline.name:
+            return SolveStatus.NO_IMPROVEMENT, (f"the time limit passed with no improvement on {start.name}, "
+                                                f"the best fitting heuristic; returning it")
+        return SolveStatus.FEASIBLE, f"the solver did not improve on its warm start {start.name}"
+    return SolveStatus.FEASIBLE, "not proven optimal within the time limit"
+
+
+def _infeasible(problem: Problem, candidates: list[Candidate], result: SolveResult | None) -> InfeasibleError:
+    memory = memory_lower_bound(problem)
+    closest = min(candidates, key=lambda c: c.timeline.peak) if candidates else None
+    proven = result is not None and result.status is SolveStatus.INFEASIBLE
+    budget = format_size(problem.memory.budget)
+    parts = [f"no schedule fits the budget of {budget}" + (" (proven by CP-SAT)" if proven else "")]
+    if closest is not None:
+        parts.append(f"the smallest budget at which one was found is {format_size(closest.timeline.peak)} "
+                     f"({closest.name})")
+    parts.append(f"no schedule can fit below {format_size(memory.value)} ({memory.reason})")
+    advice = "raise memory.budget (or --budget)"
+    if not problem.offload.enabled:
+        advice += ", or enable [offload] so activations can wait in host memory"
+    return InfeasibleError("; ".join(parts) + f"; {advice}",
+                           smallest_found=closest.timeline.peak if closest else None,
+                           memory_lower_bound=int(memory.value))

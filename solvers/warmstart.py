@@ -1,0 +1,120 @@
+"""Starting points for the solvers: every heuristic, reshaped to fit and to fill bubbles.
+
+A heuristic that overlaps many microbatches (ZB-H2, ZBV, GIS) is fast but holds more than the
+budget; moving its long-lived activations to the host during the F-to-B gap often brings it
+under the budget at (almost) the same speed. And a heuristic with fused backwards leaves idle
+time that its W passes could fill (wfill.py). Each heuristic is tried:
+
+- as it is;
+- with every activation whose gap holds a round trip offloaded (``add_offloads``), and with only
+  those whose transfers the link hides completely (``add_hidden_offloads``);
+- with its W passes filling idle time, as far as a memory cap allows, then offloaded the same
+  two ways; caps above the budget let the offloads bring the peak down afterwards.
+
+Plus one microbatch at a time, the schedule that holds least. The simulator judges all of them.
+Generation stops at the deadline: the plain heuristics come first, so there is always a start.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from optpipe.compiler.errors import OptpipeError
+from optpipe.compiler.problem import Problem
+from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.compiler.simulate import Timeline, simulate
+
+from .compare import Entry
+from .wfill import fill_with_w
+
+__all__ = ["Candidate", "warm_starts", "one_at_a_time", "best_candidate", "closest_candidate"]
+
+_CAPS = (1.0, 1.5, 2.5)  # W-filling memory caps, as multiples of the budget (1.0 alone without offload)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # "ZB-H2", "ZB-H2+offload", "1F1B-I+W(1.5)+hidden-offload", ...
+    schedule: Schedule
+    timeline: Timeline
+
+    @property
+    def fits(self) -> bool:
+        return self.timeline.fits
+
+
+def one_at_a_time(problem: Problem) -> Schedule:
+    """Each microbatch through the whole pipeline and back before the next starts.
+
+    The slowest schedule there is, and the one that holds least: a device never holds more than
+    one microbatch's activations, which is the memory lower bound without offload (bounds.py).
+    """
+    pipe = problem.pipeline
+    devices = []
+    for device in range(pipe.devices):
+        stages = pipe.stages_on(device)
+        ops = []
+        for i in range(pipe.microbatches):
+            ops += [Op(OpKind.F, s, i) for s in stages]
+            ops += [Op(OpKind.BW, s, i) for s in reversed(stages)]
+        devices.append(ops)
+    return Schedule.of("one-at-a-time", devices)
+
+
+def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None = None) -> list[Candidate]:
+    """Candidates in the order above; variants are skipped once ``deadline`` (monotonic s) passes."""
+    late = (lambda: time.monotonic() > deadline) if deadline is not None else (lambda: False)
+    applicable = [e for e in entries if e.timeline is not None]
+    out = [Candidate(e.name, e.schedule, e.timeline) for e in applicable]
+    sequential = one_at_a_time(problem)
+    out.append(Candidate(sequential.name, sequential, simulate(problem, sequential)))
+    if problem.offload.enabled:
+        for entry in applicable:
+            if late():
+                return out
+            out.extend(_offloaded(problem, entry.name, entry.schedule, entry.timeline))
+    caps = _CAPS if problem.offload.enabled else _CAPS[:1]
+    for entry in sorted(applicable, key=lambda e: e.timeline.makespan):
+        for cap in caps:
+            if late():
+                return out
+            try:
+                filled = fill_with_w(problem, entry.schedule, memory_cap=int(problem.memory.budget * cap))
+            except ValueError:  # an order W-filling cannot follow is simply not a candidate
+                break
+            name = f"{entry.name}+W({cap:g})"
+            timeline = simulate(problem, filled)
+            out.append(Candidate(name, filled.renamed(name), timeline))
+            if problem.offload.enabled:
+                out.extend(_offloaded(problem, name, filled, timeline))
+    return out
+
+
+def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline) -> list[Candidate]:
+    from .offload_slots import add_hidden_offloads, add_offloads, offloadable
+
+    pairs = offloadable(timeline)
+    if not pairs:
+        return []
+    out = []
+    for suffix, place in (("offload", add_offloads), ("hidden-offload", add_hidden_offloads)):
+        try:
+            placed = place(problem, schedule, pairs)
+            placed_timeline = simulate(problem, placed)
+        except OptpipeError:  # a variant that does not apply is simply not a candidate
+            continue
+        variant = f"{name}+{suffix}"
+        out.append(Candidate(variant, placed.renamed(variant), placed_timeline))
+    return out
+
+
+def best_candidate(candidates: list[Candidate]) -> Candidate | None:
+    """The fastest that fits (ties: the first listed, so a plain heuristic beats its variants)."""
+    fitting = [c for c in candidates if c.fits]
+    return min(fitting, key=lambda c: c.timeline.makespan) if fitting else None
+
+
+def closest_candidate(candidates: list[Candidate]) -> Candidate | None:
+    """The one whose peak is lowest: where a search for any fitting schedule starts."""
+    return min(candidates, key=lambda c: (c.timeline.peak, c.timeline.makespan)) if candidates else None

@@ -1,0 +1,120 @@
+"""Split every fused backward and let its W fill the device's idle time (the zero-bubble move).
+
+Zero Bubble PP (Qi et al., arXiv 2401.10241, section 2) observes that W (the weight gradient)
+is on no other op's path: delaying it costs nothing as long as the device has nothing else to
+do. ZB-H1 is 1F1B with its W passes moved into the bubbles. This pass does the same to any
+schedule: it keeps each device's order of F and B (a fused BW becomes its B) and places every W
+by list scheduling: when the device would wait for its next F or B, it runs the oldest W whose
+B is done, if that W ends by the time the F or B could start (plus ``slack``); the W passes left
+over run at the end. Timing follows the simulator's rule, and the simulator judges the result.
+Transfers are dropped (offloads are placed again by warmstart.py's variants).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from optpipe.compiler.problem import Problem
+from optpipe.compiler.schedule import Op, OpKind, Schedule
+
+__all__ = ["fill_with_w"]
+
+_F, _B, _W, _BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
+_EPS = 1e-9
+
+
+def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = None, slack: float = 0.0,
+                name: str | None = None) -> Schedule:
+    """``schedule`` with split backwards and each W in the first idle gap after its B that holds it.
+
+    With ``memory_cap``, a deferred W also runs before an F whose activation would take the
+    device over the cap (each W frees its weight part): W passes wait only as long as memory
+    allows. Without offload the cap is the budget; with offload callers try caps above it,
+    since offloads placed afterwards relieve the device.
+    """
+    pipe, costs = problem.pipeline, problem.costs
+    device_of = [pipe.device_of(s) for s in range(pipe.stages)]
+    last = pipe.stages - 1
+    lag = lambda a, b: costs.p2p if device_of[a] != device_of[b] else 0.0  # noqa: E731
+    spine = []  # per device: F and B in order
+    for ops in schedule.devices:
+        row = []
+        for op in ops:
+            if op.kind is _F:
+                row.append(op)
+            elif op.kind in (_B, _BW):
+                row.append(Op(_B, op.stage, op.microbatch))
+        spine.append(row)
+    position = [0] * pipe.devices
+    free = [0.0] * pipe.devices
+    pending: list[deque[tuple[float, Op]]] = [deque() for _ in range(pipe.devices)]  # (ready, W)
+    end: dict[Op, float] = {}
+    out: list[list[Op]] = [[] for _ in range(pipe.devices)]
+    act, keep = problem.memory.activation, problem.memory.weight_activation
+    # A device's memory changes at its own F starts and B, W ends, which come in time order, and
+    # an F starts no earlier than the device is free: what it holds then is a running sum.
+    held = [0] * pipe.devices
+
+    def ready(op: Op) -> float | None:
+        s, i = op.stage, op.microbatch
+        if op.kind is _F:
+            if s == 0:
+                return 0.0
+            e = end.get(Op(_F, s - 1, i))
+            return None if e is None else e + lag(s - 1, s)
+        pred = Op(_F, s, i) if s == last else Op(_B, s + 1, i)
+        e = end.get(pred)
+        return None if e is None else e + (0.0 if s == last else lag(s + 1, s))
+
+    def run(d: int, op: Op, start: float) -> None:
+        finish = start + _duration(costs, op)
+        end[op] = finish
+        free[d] = finish
+        out[d].append(op)
+        s = op.stage
+        if op.kind is _F:
+            held[d] += act[s]
+        elif op.kind is _B:
+            pending[d].append((finish, Op(_W, s, op.microbatch)))
+            held[d] += keep[s] - act[s]
+        else:
+            held[d] -= keep[s]
+
+    remaining = sum(len(row) for row in spine)
+    while remaining:
+        # the device that is free first among those whose next F/B has known inputs
+        best = None
+        for d in range(pipe.devices):
+            if position[d] < len(spine[d]):
+                r = ready(spine[d][position[d]])
+                if r is not None and (best is None or free[d] < best[0]):
+                    best = (free[d], d, r)
+        if best is None:  # a cycle in the input order  # pragma: no cover
+            raise ValueError("the schedule's F/B order deadlocks")
+        _, d, r = best
+        op = spine[d][position[d]]
+        start = max(free[d], r)
+        while pending[d] and pending[d][0][0] <= free[d] + _EPS:
+            w = pending[d][0][1]
+            if free[d] + _duration(costs, w) > start + slack + _EPS:
+                break
+            pending[d].popleft()
+            run(d, w, free[d])
+            start = max(free[d], r)
+        if memory_cap is not None and op.kind is _F:
+            while pending[d] and held[d] + act[op.stage] > memory_cap:
+                run(d, pending[d].popleft()[1], free[d])
+        run(d, op, max(free[d], r))
+        position[d] += 1
+        remaining -= 1
+    for d in range(pipe.devices):
+        out[d].extend(w for _, w in pending[d])
+    return Schedule.of(name or f"{schedule.name}+W", out)
+
+
+def _duration(costs, op: Op) -> float:
+    if op.kind is _F:
+        return costs.forward[op.stage]
+    if op.kind is _B:
+        return costs.backward_input[op.stage]
+    return costs.backward_weight[op.stage]

@@ -1,0 +1,152 @@
+"""optpipe compile, from the command line and through compile_problem."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from optpipe.compiler.cli import main
+from optpipe.compiler.errors import InfeasibleError
+from optpipe.compiler.problem import Offload, dump_problem
+from optpipe.compiler.schedule import load_schedule
+from optpipe.compiler.simulate import simulate
+from optpipe.solvers.compile import compile_problem
+from optpipe.solvers.result import SolveStatus
+
+from conftest import PROBLEM_DIR, uniform_problem
+
+KEYS = {"solver", "status", "makespan_ms", "lower_bound_ms", "gap", "solve_time_s", "peak_memory_bytes",
+        "budget_bytes", "offloaded", "baseline_name", "baseline_makespan_ms", "busiest_compute_ms"}
+
+
+@pytest.fixture
+def small(tmp_path):
+    """p = 4, m = 8, two and a half activations of budget, a fast host link."""
+    path = tmp_path / "small.toml"
+    dump_problem(uniform_problem(4, 8, act=100, keep=50, budget=250, offload=Offload(True, 1e5, 1e5, 10**9),
+                                 name="small"), path)
+    return path
+
+
+def _json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_has_every_key_and_beats_the_baseline(small, capsys):
+    assert main(["compile", str(small), "--time-limit", "10", "--workers", "2", "--json"]) == 0
+    out = _json(capsys)
+    assert KEYS <= out.keys()
+    assert out["solver"] == "cpsat"
+    assert out["status"] == "optimal"
+    assert out["makespan_ms"] == pytest.approx(28.0)
+    assert out["makespan_ms"] <= out["baseline_makespan_ms"]
+    assert out["peak_memory_bytes"] <= out["budget_bytes"] == 250
+    assert out["busiest_compute_ms"] == 24.0
+    assert out["lower_bound_ms"] == pytest.approx(28.0) and out["gap"] == 0.0
+
+
+def test_table_names_the_result_and_the_baseline(small, capsys):
+    assert main(["compile", str(small), "--time-limit", "10", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "cpsat (optimal)" in out
+    assert "best fitting heuristic" in out
+    assert "lower bound" in out
+
+
+def test_impossible_budget_says_what_would_fit(tmp_path, capsys):
+    # two chunks per device and no offload: each device holds two activations at once
+    path = tmp_path / "two-chunks.toml"
+    dump_problem(uniform_problem(2, 4, v=2, act=100, keep=50, budget=150, name="two-chunks"), path)
+    assert main(["compile", str(path), "--time-limit", "5", "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "no schedule fits the budget of 150B" in err
+    assert "smallest budget at which one was found is 200B" in err
+    assert "no schedule can fit below 200B" in err
+    assert main(["compile", str(path), "--time-limit", "5", "--workers", "2", "--json"]) == 2
+    out = _json(capsys)
+    assert out["status"] == "infeasible"
+    assert out["smallest_budget_found_bytes"] == 200 and out["memory_lower_bound_bytes"] == 200
+
+
+def test_infeasible_error_carries_the_figures():
+    problem = uniform_problem(2, 4, v=2, act=100, keep=50, budget=150)
+    with pytest.raises(InfeasibleError) as caught:
+        compile_problem(problem, time_limit_s=5.0, workers=2)
+    assert caught.value.smallest_found == 200
+    assert caught.value.memory_lower_bound == 200
+    assert caught.value.exit_code == 2
+
+
+def test_tiny_time_limit_still_returns_a_fitting_schedule():
+    problem = uniform_problem(4, 8, act=100, keep=50, budget=200, offload=Offload(True, 1e5, 1e5, 10**9))
+    compiled = compile_problem(problem, time_limit_s=0.01, workers=2)
+    assert compiled.timeline.fits
+    assert compiled.makespan_ms <= compiled.baseline.timeline.makespan
+    assert simulate(problem, compiled.schedule).makespan == compiled.makespan_ms
+    assert compiled.status in (SolveStatus.NO_IMPROVEMENT, SolveStatus.FEASIBLE)
+
+
+def test_no_improvement_returns_the_heuristic_and_says_so():
+    # without offload, nothing to build warm starts from: the best heuristic is the start
+    problem = uniform_problem(4, 8, act=100, keep=50, budget=200)
+    compiled = compile_problem(problem, time_limit_s=0.01, workers=2)
+    assert compiled.status is SolveStatus.NO_IMPROVEMENT
+    assert compiled.schedule == compiled.baseline.schedule
+    assert "no improvement" in compiled.note
+
+
+def test_large_problems_go_through_the_window_search(capsys):
+    path = PROBLEM_DIR / "vshape-p4-m16-half.toml"
+    assert main(["compile", str(path), "--time-limit", "4", "--workers", "2", "--json"]) == 0
+    out = _json(capsys)
+    assert out["makespan_ms"] <= out["baseline_makespan_ms"]
+    assert out["peak_memory_bytes"] <= out["budget_bytes"]
+    assert out["status"] in ("feasible", "optimal")
+
+
+def test_named_heuristic(small, capsys):
+    assert main(["compile", str(small), "--solver", "heuristic:po-f", "--json"]) == 0
+    out = _json(capsys)
+    assert out["solver"] == "heuristic:po-f" and out["baseline_name"] is not None
+    assert out["offloaded"] > 0
+
+
+def test_named_heuristic_that_does_not_fit(small, capsys):
+    assert main(["compile", str(small), "--solver", "heuristic:GPipe"]) == 2
+    assert "GPipe does not fit" in capsys.readouterr().err
+
+
+def test_unknown_solver(small, capsys):
+    assert main(["compile", str(small), "--solver", "gurobi"]) == 1
+    assert "unknown solver 'gurobi'" in capsys.readouterr().err
+
+
+def test_milp_through_the_same_command(small, capsys):
+    assert main(["compile", str(small), "--solver", "milp-highs", "--time-limit", "5", "--json"]) == 0
+    out = _json(capsys)
+    assert out["solver"] == "milp-highs"
+    assert out["makespan_ms"] <= out["baseline_makespan_ms"]
+    assert out["peak_memory_bytes"] <= out["budget_bytes"]
+
+
+def test_schedule_and_plan_files(small, tmp_path, capsys):
+    schedule_path, plan_path = tmp_path / "s.json", tmp_path / "p.opb"
+    assert main(["compile", str(small), "--time-limit", "10", "--workers", "2", "--json",
+                 "--schedule-out", str(schedule_path), "-o", str(plan_path)]) == 0
+    out = _json(capsys)
+    from optpipe.compiler.problem import load_problem
+
+    timeline = simulate(load_problem(small), load_schedule(schedule_path))
+    assert timeline.makespan == pytest.approx(out["makespan_ms"])
+    from optpipe.compiler.bytecode import read_plan
+
+    program = read_plan(plan_path)
+    assert program is not None
+
+
+def test_budget_override(small, capsys):
+    assert main(["compile", str(small), "--budget", "400B", "--time-limit", "5", "--workers", "2", "--json"]) == 0
+    out = _json(capsys)
+    assert out["budget_bytes"] == 400
+    assert out["makespan_ms"] == pytest.approx(27.0)  # enough memory for ZB-H2's overlap: the fill-and-drain bound
