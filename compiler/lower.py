@@ -21,10 +21,10 @@ Placement rules and why:
   later message from the same peer is needed sooner.
 * Sends follow the op that produced the data and never block; WAIT_SENDS closes the step.
 * WAIT_OFFLOAD is where the device memory of an offloaded activation is released. The
-  simulator frees it when the copy ends, so the wait goes before the first compute op that
-  the simulator starts at or after that instant (the copy is then done and the wait costs
-  nothing), but never after the RELOAD of the same activation: a reload reads the host copy,
-  which is complete only after WAIT_OFFLOAD.
+  simulator frees it when the copy ends, so the wait goes before the first compute op or
+  reload (both take memory from their start) that the simulator starts at or after that
+  instant (the copy is then done and the wait costs nothing), but never after the RELOAD of
+  the same activation: a reload reads the host copy, which is complete only after WAIT_OFFLOAD.
 * WAIT_RELOAD goes right before the backward that uses the reloaded activation.
 """
 
@@ -168,7 +168,8 @@ def _offload_waits(ops: tuple[Op, ...], timing) -> dict[int, list]:
         reload = Op(_REL, op.stage, op.microbatch)
         for later in range(index + 1, len(ops)):
             other = ops[later]
-            if other == reload or (other.kind in COMPUTE_KINDS and timing[other].start >= done - _EPS):
+            allocates = other.kind in COMPUTE_KINDS or other.kind is _REL  # a reload holds memory from its start
+            if other == reload or (allocates and timing[other].start >= done - _EPS):
                 waits[later].append(((1, index), Instruction(Opcode.WAIT_OFFLOAD, op.stage, op.microbatch)))
                 break
     return waits

@@ -1,0 +1,91 @@
+"""optpipe profile: measure a model's stages on this machine and write a problem file.
+
+The runtime (and so torch) is imported only when the command runs, so ``optpipe --help`` and
+every other command stay free of torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from ..errors import OptpipeError
+from ..problem import Placement, dumps_problem
+from ..units import format_bandwidth, format_size, parse_size
+from .common import console
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("profile", help="measure F, B, W times and activation sizes of a model; write a problem")
+    parser.add_argument("--model", default="tiny", help="tiny or small (default tiny)")
+    parser.add_argument("--devices", type=int, required=True, metavar="P", help="pipeline ranks")
+    parser.add_argument("--chunks", type=int, default=1, metavar="V", help="stages per rank (default 1)")
+    parser.add_argument("--microbatches", type=int, required=True, metavar="M")
+    parser.add_argument("--placement", default=None, choices=[p.value for p in Placement],
+                        help="stage placement (default interleaved; vshape needs --chunks 2)")
+    parser.add_argument("--budget", metavar="SIZE",
+                        help="memory.budget (default: room for every microbatch's activation)")
+    parser.add_argument("--offload", action="store_true", help="measure the host link and enable [offload]")
+    parser.add_argument("--p2p", type=float, default=None, metavar="MS",
+                        help="p2p time in ms instead of measuring it between two local processes")
+    parser.add_argument("--micro-batch-size", type=int, default=None, help="sequences per microbatch")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads while measuring (default: 1 on a CPU, as torchrun gives each rank)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per stage; the median is kept (default 5)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default=None, help="problem name (default: from the model and shape)")
+    parser.add_argument("-o", "--output", required=True, metavar="PROBLEM.toml", help="where to write the problem")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    for flag, value in (("--devices", args.devices), ("--chunks", args.chunks), ("--microbatches", args.microbatches)):
+        if value < 1:
+            raise OptpipeError(f"{flag}: expected a positive integer, got {value}")
+    placement = Placement(args.placement) if args.placement else Placement.INTERLEAVED
+    budget = parse_size(args.budget, "--budget") if args.budget else None
+
+    from optpipe.runtime.model import config_named, layers_per_stage
+    from optpipe.runtime.profile import profile_problem
+    from optpipe.runtime.train import DTYPES, _device
+
+    overrides = {"micro_batch_size": args.micro_batch_size} if args.micro_batch_size else {}
+    config = config_named(args.model, **overrides)
+    layers_per_stage(config.n_layer, args.devices * args.chunks)
+    device = _device(args.device, 0)
+    import torch
+
+    threads = args.threads or (1 if device.type == "cpu" else torch.get_num_threads())
+    if threads < 1:
+        raise OptpipeError(f"--threads: expected a positive integer, got {threads}")
+    torch.set_num_threads(threads)
+    name = args.name or f"{args.model}-p{args.devices}-v{args.chunks}-m{args.microbatches}"
+    with console.status(f"profiling {args.devices * args.chunks} stages of the {args.model} model on {device}"):
+        problem = profile_problem(config, devices=args.devices, chunks=args.chunks, microbatches=args.microbatches,
+                                  placement=placement, budget=budget, offload=args.offload, p2p_ms=args.p2p,
+                                  device=device, dtype=DTYPES[args.dtype], seed=args.seed, repeats=args.repeats,
+                                  name=name)
+    Path(args.output).write_text(dumps_problem(problem))
+    console.print(_table(problem, device))
+    console.print(f"wrote {args.output}")
+    return 0
+
+
+def _table(problem, device) -> Table:
+    table = Table(title=f"{problem.name}: measured on {device}")
+    for column in ("stage", "F ms", "B ms", "W ms", "activation", "kept for W"):
+        table.add_column(column, justify="right")
+    costs, memory = problem.costs, problem.memory
+    for s in range(problem.stages):
+        table.add_row(str(s), f"{costs.forward[s]:.3f}", f"{costs.backward_input[s]:.3f}",
+                      f"{costs.backward_weight[s]:.3f}", format_size(memory.activation[s]),
+                      format_size(memory.weight_activation[s]))
+    caption = f"p2p {costs.p2p:.3f} ms"
+    if problem.offload.enabled:
+        caption += (f"; host link {format_bandwidth(problem.offload.d2h_bandwidth)} D2H, "
+                    f"{format_bandwidth(problem.offload.h2d_bandwidth)} H2D")
+    table.caption = caption
+    return table

@@ -1,0 +1,201 @@
+"""The profiler: measured costs and activation sizes of a model's stages, as a problem file.
+
+Each stage runs the way the interpreter runs it: a forward (and, on the last stage, the loss)
+under the activation store's capture, B with the weight pass's census, W. The store's counts
+are the stage's ``activation`` (bytes the forward saved) and ``weight_activation`` (bytes
+still held after B); because they come from the same code, a plan run on this machine holds
+exactly what the simulator predicts from them. Times are medians over repeats, in ms.
+
+p2p is the half round trip of one activation between two local gloo processes; the host
+link's bandwidths are timed copies of one activation into a host buffer and back (pinned
+memory and CUDA streams on a GPU, a memory copy on a CPU).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from optpipe.compiler.errors import OptpipeError
+from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+
+from .model import GPTConfig, build_model, loss_fn, split_stages, synthetic_batch
+from .split_backward import StageGrad, touch_saved_tensors
+from .store import ActivationStore, module_tensors
+
+__all__ = ["StageProfile", "profile_stages", "measure_p2p", "measure_host_link", "profile_problem"]
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    forward_ms: float  # forward, and the loss on the last stage
+    backward_input_ms: float
+    backward_weight_ms: float
+    activation: int  # bytes saved by the forward
+    weight_activation: int  # bytes still needed by W after B
+    output_shape: tuple[int, ...]
+    output_dtype: torch.dtype
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_stages(config: GPTConfig, stages: int, *, device: torch.device | str = "cpu",
+                   dtype: torch.dtype = torch.float32, seed: int = 0, repeats: int = 5,
+                   warmup: int = 2) -> list[StageProfile]:
+    """Per stage: median F, B, W times and the store's byte counts for one microbatch."""
+    if repeats < 1:
+        raise OptpipeError(f"--repeats: expected at least 1, got {repeats}")
+    device = torch.device(device)
+    model = build_model(config, seed, dtype).to(device)
+    parts = split_stages(model, stages)
+    batch = synthetic_batch(config, 1, 0, seed)
+    tokens, targets = batch.inputs[0].to(device), batch.targets[0].to(device)
+    weights = module_tensors([model])
+    result = []
+    x_next: torch.Tensor = tokens
+    for s, stage in enumerate(parts):
+        runner = StageGrad(stage)
+        store = ActivationStore(device, exclude=weights)
+        last = s == stages - 1
+        times: dict[str, list[float]] = {"F": [], "B": [], "W": []}
+        sizes = None
+        x_in = x_next
+        y_shape, y_dtype = None, None
+        keep: frozenset[int] | None = None
+        for trial in range(warmup + repeats):
+            # Fresh copies, as the interpreter makes: the store may empty what the forward saved.
+            x = x_in.detach().clone().requires_grad_() if x_in.is_floating_point() else x_in.clone()
+            _sync(device)
+            t0 = time.perf_counter()
+            with store.capture(s, trial):
+                fwd = runner.forward(x)
+                out = loss_fn(fwd.output, targets.clone()) if last else fwd.output
+            _sync(device)
+            t1 = time.perf_counter()
+            saved = store.entry_bytes(s, trial)
+            grad = torch.ones((), device=device) if last else torch.randn_like(out)
+            _sync(device)
+            t2 = time.perf_counter()
+            _, work = runner.backward_input(fwd, [out], [grad])
+            _sync(device)
+            t3 = time.perf_counter()
+            if work.keeps_everything:
+                keep = frozenset(range(store.saved_count(s, trial)))
+            elif keep is None:
+                with store.census() as seen:
+                    touch_saved_tensors(work.nodes())
+                keep = frozenset(seen)
+            released = store.forget(s, trial, keep)
+            _sync(device)
+            t4 = time.perf_counter()
+            StageGrad.backward_weight(work)
+            _sync(device)
+            t5 = time.perf_counter()
+            store.drop(s, trial)
+            if trial >= warmup:
+                times["F"].append((t1 - t0) * 1e3)
+                times["B"].append((t3 - t2) * 1e3)
+                times["W"].append((t5 - t4) * 1e3)
+            current = (saved, saved - released)
+            if sizes is not None and sizes != current:
+                raise OptpipeError(f"stage {s}: the saved activation changed between microbatches "
+                                   f"({sizes} then {current} bytes); the profiler needs a deterministic model")
+            sizes = current
+            y_shape, y_dtype = tuple(fwd.output.shape), fwd.output.dtype
+            if trial == 0 and not last:
+                x_next = fwd.output.detach()
+            del fwd, work, out
+        for p in stage.parameters():
+            p.grad = None
+        result.append(StageProfile(statistics.median(times["F"]), statistics.median(times["B"]),
+                                   statistics.median(times["W"]), sizes[0], sizes[1], y_shape, y_dtype))
+    return result
+
+
+def _ping_pong(rank: int, world_size: int, shape: tuple[int, ...], dtype: torch.dtype, rounds: int) -> float:
+    import torch.distributed as dist
+
+    tensor = torch.zeros(shape, dtype=dtype)
+    peer = 1 - rank
+    samples = []
+    for k in range(rounds + 2):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(tensor, peer)
+            dist.recv(tensor, peer)
+        else:
+            dist.recv(tensor, peer)
+            dist.send(tensor, peer)
+        if k >= 2:
+            samples.append((time.perf_counter() - t0) / 2 * 1e3)
+    return statistics.median(samples)
+
+
+def measure_p2p(shape: tuple[int, ...], dtype: torch.dtype, rounds: int = 20) -> float:
+    """Milliseconds for one activation between two local gloo processes (half a round trip)."""
+    from .launch import run_local
+
+    times = run_local(2, _ping_pong, (shape, dtype, rounds), timeout=120.0)
+    return times[0]
+
+
+def measure_host_link(nbytes: int, device: torch.device | str, rounds: int = 10) -> tuple[float, float]:
+    """(device-to-host, host-to-device) bytes per second for one activation's copy."""
+    device = torch.device(device)
+    nbytes = max(int(nbytes), 1)
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    pinned = device.type == "cuda"
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+    d2h, h2d = [], []
+    for k in range(rounds + 2):
+        _sync(device)
+        t0 = time.perf_counter()
+        host.copy_(source, non_blocking=pinned)
+        _sync(device)
+        t1 = time.perf_counter()
+        source.copy_(host, non_blocking=pinned)
+        _sync(device)
+        t2 = time.perf_counter()
+        if k >= 2:
+            d2h.append(t1 - t0)
+            h2d.append(t2 - t1)
+    return nbytes / max(statistics.median(d2h), 1e-9), nbytes / max(statistics.median(h2d), 1e-9)
+
+
+def profile_problem(config: GPTConfig, *, devices: int, chunks: int, microbatches: int,
+                    placement: Placement = Placement.INTERLEAVED, budget: int | None = None,
+                    offload: bool = False, p2p_ms: float | None = None, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32, seed: int = 0, repeats: int = 5,
+                    name: str = "profiled") -> Problem:
+    """A problem whose costs and sizes were measured on this machine.
+
+    ``budget`` defaults to what holding every microbatch's activation at once needs (nothing
+    is tight); ``p2p_ms`` None measures it with two local processes.
+    """
+    pipeline = Pipeline(devices, chunks, placement, microbatches)
+    if placement is Placement.VSHAPE and chunks != 2:
+        raise OptpipeError('--placement vshape needs --chunks 2')
+    stages = pipeline.stages
+    profiles = profile_stages(config, stages, device=device, dtype=dtype, seed=seed, repeats=repeats)
+    if p2p_ms is None:
+        boundary = profiles[0]
+        p2p_ms = measure_p2p(boundary.output_shape, boundary.output_dtype) if stages > 1 else 0.0
+    costs = Costs(tuple(p.forward_ms for p in profiles), tuple(p.backward_input_ms for p in profiles),
+                  tuple(p.backward_weight_ms for p in profiles), float(p2p_ms))
+    activation = tuple(p.activation for p in profiles)
+    weight_activation = tuple(p.weight_activation for p in profiles)
+    if budget is None:
+        budget = max(sum(activation[s] for s in pipeline.stages_on(d)) for d in range(devices)) * microbatches
+    memory = Memory(activation, weight_activation, int(budget))
+    link = Offload()
+    if offload:
+        d2h, h2d = measure_host_link(max(activation), device)
+        link = Offload(True, d2h, h2d, host_budget=2**40)
+    return Problem(name, pipeline, costs, memory, link)
