@@ -30,7 +30,7 @@ from ortools.sat.python import cp_model
 
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.compiler.simulate import Timeline, op_duration, simulate
 
 from .cpsat import Model, Scope, solve_model
 from .decode import schedule_from_starts
@@ -113,7 +113,7 @@ def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: floa
                 else:
                     window.add(op)
             elif op.kind in COMPUTE_KINDS:
-                rest[t.device] += grid.units(_duration(problem, op))
+                rest[t.device] += grid.units(op_duration(problem, op))
     pairs = frozenset((op.stage, op.microbatch) for op in window if op.kind is _F
                       and Op(_B, op.stage, op.microbatch) in window) if problem.offload.enabled else frozenset()
     compute = frozenset(op for op in window if op.kind in COMPUTE_KINDS)
@@ -121,11 +121,6 @@ def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: floa
     scope = Scope(compute=compute, open_pairs=pairs, offloaded=offloaded - pairs, transfers=transfers,
                   fixed=fixed, t0=grid.units(t0), rest=tuple(rest), follow=tuple(tuple(ops) for ops in follow))
     return scope, inside
-
-
-def _duration(problem: Problem, op: Op) -> float:
-    costs = problem.costs
-    return {_F: costs.forward, _B: costs.backward_input, _W: costs.backward_weight}[op.kind][op.stage]
 
 
 def _splice(problem: Problem, timeline: Timeline, scope: Scope, modelled: frozenset[Op], solved: dict[Op, int],
