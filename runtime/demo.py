@@ -1,6 +1,9 @@
 """The end of ``make demo``: profile the tiny GPT, compile a plan for it, train it on 4 processes.
 
-    python -m optpipe.runtime.demo [--devices 4] [--microbatches 8] [--steps 5] [--dir DIR]
+    python -m optpipe.runtime.demo [--devices 4] [--microbatches 8] [--steps 5] [--budget SIZE] [--dir DIR]
+
+The budget (default 800KiB, about three of the tiny model's stage activations, where 1F1B needs
+four on the first rank) is one the plain schedules miss, so the compiled plan offloads.
 
 Each step is the command a user would type: ``optpipe profile`` writes the problem,
 ``optpipe compile`` solves it and writes the plan, and ``torchrun --standalone`` starts one
@@ -30,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=4, help="pipeline ranks = local processes (default 4)")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--budget", default="800KiB", help="activation budget per rank (default 800KiB)")
     parser.add_argument("--dir", default=None, help="where to keep the problem and plan (default: a temporary folder)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="optpipe-demo-") as scratch:
@@ -38,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         problem, plan = folder / "tiny.toml", folder / "tiny.opb"
         optpipe = [sys.executable, "-m", "optpipe.compiler.cli"]
         _run(optpipe + ["profile", "--model", "tiny", "--devices", str(args.devices), "--microbatches",
-                        str(args.microbatches), "--device", "cpu", "--repeats", "3", "-o", str(problem)])
+                        str(args.microbatches), "--device", "cpu", "--repeats", "3", "--offload", "--budget", args.budget,
+                        "-o", str(problem)])
         _run(optpipe + ["compile", str(problem), "--time-limit", "10", "--workers", "1", "-o", str(plan)])
         _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.devices),
               "-m", "optpipe.runtime.train", "--plan", str(plan), "--model", "tiny", "--steps", str(args.steps),
