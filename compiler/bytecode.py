@@ -20,6 +20,7 @@ import zlib
 from pathlib import Path
 
 from .errors import PlanError
+from .files import read_bytes
 from .program import Instruction, Opcode, PlanHeader, Program
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "INSTRUCTION_SIZE", "encode", "decode", "write_plan", "read_plan"]
@@ -227,12 +228,7 @@ def write_plan(path: str | Path, program: Program) -> None:
 
 def read_plan(path: str | Path) -> Program:
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise PlanError(f"{path}: no such plan file") from None
-    except (IsADirectoryError, PermissionError) as error:
-        raise PlanError(f"{path}: cannot read the plan file ({error.__class__.__name__})") from None
+    data = read_bytes(path, "plan file", PlanError)
     try:
         return decode(data)
     except PlanError as error:

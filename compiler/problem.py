@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ProblemError
+from .files import read_text
 from .units import format_bandwidth, format_size, parse_bandwidth, parse_size
 
 __all__ = [
@@ -311,12 +312,7 @@ def loads_problem(text: str, default_name: str = "problem") -> Problem:
 
 def load_problem(path: str | Path) -> Problem:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ProblemError(f"{path}: no such problem file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
-        raise ProblemError(f"{path}: cannot read the problem file ({error.__class__.__name__})") from None
+    text = read_text(path, "problem file", ProblemError)
     try:
         return loads_problem(text, default_name=path.stem)
     except ProblemError as error:

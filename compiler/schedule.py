@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import ScheduleError
+from .files import read_text
 
 __all__ = [
     "OpKind",
@@ -163,11 +164,10 @@ class Schedule:
 
 def load_schedule(path: str | Path) -> Schedule:
     path = Path(path)
+    text = read_text(path, "schedule file", ScheduleError)
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScheduleError(f"{path}: no such schedule file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
         raise ScheduleError(f"{path}: not valid JSON ({error})") from None
     try:
         return Schedule.from_json(data)

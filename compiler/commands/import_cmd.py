@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OptpipeError
+from ..files import read_text
 from .common import console, read_problem
 
 
@@ -27,12 +28,7 @@ def run(args) -> int:
     from ..verify import verify
 
     path = Path(args.csv)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise OptpipeError(f"{path}: no such CSV file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
-        raise OptpipeError(f"{path}: cannot read the CSV file ({error.__class__.__name__})") from None
+    text = read_text(path, "CSV file", OptpipeError)
     problem = read_problem(args)
     try:
         schedule = schedule_from_torch_csv(text, problem, name=args.name or path.stem)
