@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ProblemError
-from .problem import Costs, Memory, Pipeline
+from .problem import Costs, Memory, Pipeline, check_keys
 from .units import parse_bandwidth, parse_size
 
 __all__ = ["ModelSpec", "HardwareSpec", "HARDWARE_PRESETS", "derive", "layers_per_stage", "stage_figures"]
@@ -70,9 +70,7 @@ def _int(table: dict, key: str) -> int:
 
 
 def _model(table: dict) -> ModelSpec:
-    for key in table:
-        if key not in _MODEL_KEYS:
-            raise ProblemError(f"model.{key}: unknown key; expected one of {', '.join(sorted(_MODEL_KEYS))}")
+    check_keys(table, _MODEL_KEYS, "model")
     flash = table.get("flash_attention", False)
     if not isinstance(flash, bool):
         raise ProblemError(f"model.flash_attention: expected true or false, got {flash!r}")
@@ -84,9 +82,7 @@ def _model(table: dict) -> ModelSpec:
 
 
 def _hardware(table: dict) -> HardwareSpec:
-    for key in table:
-        if key not in _HARDWARE_KEYS:
-            raise ProblemError(f"hardware.{key}: unknown key; expected one of {', '.join(sorted(_HARDWARE_KEYS))}")
+    check_keys(table, _HARDWARE_KEYS, "hardware")
     base = None
     if "preset" in table:
         base = HARDWARE_PRESETS.get(table["preset"])

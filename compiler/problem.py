@@ -139,7 +139,7 @@ _MEMORY_KEYS = {"activation", "weight_activation", "budget"}
 _OFFLOAD_KEYS = {"enabled", "d2h_bandwidth", "h2d_bandwidth", "host_budget"}
 
 
-def _check_keys(table: dict, allowed: set[str], where: str) -> None:
+def check_keys(table: dict, allowed: set[str], where: str) -> None:
     for key in table:
         if key not in allowed:
             path = f"{where}.{key}" if where else key
@@ -191,7 +191,7 @@ def _per_stage(value: Any, key: str, stages: int, parse) -> tuple:
 
 def _pipeline(data: dict) -> Pipeline:
     table = _table(data, "pipeline", required=True)
-    _check_keys(table, _PIPELINE_KEYS, "pipeline")
+    check_keys(table, _PIPELINE_KEYS, "pipeline")
     devices = _positive_int(table, "devices", "pipeline")
     chunks = _positive_int(table, "chunks_per_device", "pipeline", default=1)
     microbatches = _positive_int(table, "microbatches", "pipeline")
@@ -210,7 +210,7 @@ def _pipeline(data: dict) -> Pipeline:
 
 
 def _costs(table: dict, stages: int) -> Costs:
-    _check_keys(table, _COST_KEYS, "costs")
+    check_keys(table, _COST_KEYS, "costs")
     for key in ("forward", "backward_input", "backward_weight"):
         if key not in table:
             raise ProblemError(f"costs.{key}: missing; expected milliseconds (a number or a list per stage)")
@@ -223,7 +223,7 @@ def _costs(table: dict, stages: int) -> Costs:
 
 
 def _memory(table: dict, stages: int, derived: Memory | None = None) -> Memory:
-    _check_keys(table, _MEMORY_KEYS, "memory")
+    check_keys(table, _MEMORY_KEYS, "memory")
     if derived is None:
         for key in ("activation", "weight_activation", "budget"):
             if key not in table:
@@ -245,7 +245,7 @@ def _memory(table: dict, stages: int, derived: Memory | None = None) -> Memory:
 
 def _offload(data: dict) -> Offload:
     table = _table(data, "offload", required=False)
-    _check_keys(table, _OFFLOAD_KEYS, "offload")
+    check_keys(table, _OFFLOAD_KEYS, "offload")
     enabled = table.get("enabled", bool(table))
     if not isinstance(enabled, bool):
         raise ProblemError(f"offload.enabled: expected true or false, got {enabled!r}")
@@ -267,7 +267,7 @@ def _offload(data: dict) -> Offload:
 
 def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
     """Build a Problem from the parsed TOML tables."""
-    _check_keys(data, _TOP_KEYS, "")
+    check_keys(data, _TOP_KEYS, "")
     name = data.get("name", default_name)
     if not isinstance(name, str) or not name:
         raise ProblemError(f"name: expected a non-empty string, got {name!r}")

@@ -407,6 +407,21 @@ class _Builder:
             return self.order[(a, b)]
         return 1 - self.order[(b, a)]
 
+    def away_at(self, sa: int, ia: int, event: Op, started, ended) -> pulp.LpVariable:
+        """A binary that, when 1, counts (sa, ia)'s activation as on the host at ``event``: it is
+        offloaded, F has started (``started``) and its backward has not ended (``ended``), its
+        OFFLOAD has ended by the event's start and its RELOAD starts after it."""
+        off, rel = Op(_OFF, sa, ia), Op(_REL, sa, ia)
+        away = self.claim("away", off, event)
+        self.lp += away <= self.offload[(sa, ia)]
+        if not isinstance(started, int):
+            self.lp += away <= started
+        if not isinstance(ended, int):
+            self.lp += away + ended <= 1
+        self.at_least(event, off, self.data.duration[off], 1 - away)
+        self.at_least(rel, event, 1, 1 - away)
+        return away
+
     def forward_events(self) -> None:
         """Device memory at every F start: ordering variables for compute, relief for transfers."""
         data, memory = self.data, self.problem.memory
@@ -439,17 +454,7 @@ class _Builder:
                 if worst <= budget + 1e-9:
                     continue
                 for sa, ia, held, freed_back in pending_claims:
-                    off, rel = Op(_OFF, sa, ia), Op(_REL, sa, ia)
-                    away = self.claim("away", off, event)
-                    self.lp += away <= self.offload[(sa, ia)]
-                    if not isinstance(held, int):
-                        self.lp += away <= held
-                    if not isinstance(freed_back, int):
-                        self.lp += away + freed_back <= 1
-                    # OFFLOAD(a) has ended by F's start, RELOAD(a) starts after it
-                    self.at_least(event, off, data.duration[off], 1 - away)
-                    self.at_least(rel, event, 1, 1 - away)
-                    terms.append(-act[sa] * away)
+                    terms.append(-act[sa] * self.away_at(sa, ia, event, held, freed_back))
                 self.lp += pulp.lpSum(terms) <= budget
 
     def reload_events(self) -> None:
@@ -501,16 +506,7 @@ class _Builder:
                     else:
                         terms += [act[sa] * started, -act[sa] * ended]
                     if may_be_away:
-                        off, rel = Op(_OFF, sa, ia), Op(_REL, sa, ia)
-                        away = self.claim("away", off, event)
-                        self.lp += away <= self.offload[(sa, ia)]
-                        if not isinstance(started, int):
-                            self.lp += away <= started
-                        if not isinstance(ended, int):
-                            self.lp += away + ended <= 1
-                        self.at_least(event, off, data.duration[off], 1 - away)
-                        self.at_least(rel, event, 1, 1 - away)
-                        terms.append(-act[sa] * away)
+                        terms.append(-act[sa] * self.away_at(sa, ia, event, started, ended))
                 self.lp += pulp.lpSum(terms) <= budget + (worst - budget) * (1 - self.offload[(sr, ir)])
 
     def host_events(self) -> None:
