@@ -7,7 +7,8 @@ Sends and receives are non-blocking; runs of them that the plan places side by s
 as one batch (``batch_isend_irecv``), which NCCL needs when two ranks exchange at once.
 
 A failed wait (the peer died, raised, or timed out) becomes ``PipelineAborted`` naming the
-message and the peer, so no rank hangs on a partner that is gone.
+message and the peer, so no rank hangs on a partner that is gone; ``collective`` does the same
+for every all-reduce, broadcast and gather the runtime makes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 from .errors import PipelineAborted
 
-__all__ = ["Message", "P2P", "ACTIVATION", "GRADIENT", "send_meta", "recv_meta"]
+__all__ = ["Message", "P2P", "ACTIVATION", "GRADIENT", "send_meta", "recv_meta", "collective", "first_line"]
 
 ACTIVATION, GRADIENT = 0, 1
 _KIND_TEXT = {ACTIVATION: "activation", GRADIENT: "gradient"}
@@ -130,3 +131,21 @@ def _blocking(call, tensor: torch.Tensor, peer: int, tag: int) -> None:
         raise PipelineAborted(f"rank {dist.get_rank()}: the shape handshake with rank {peer} failed "
                               f"({str(error).strip().splitlines()[0] if str(error).strip() else error}); "
                               f"rank {peer} has probably stopped (look for its own error)") from error
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (torch's C++ errors go on for pages), or its class name."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def collective(what: str, call, *args, **kwargs):
+    """Run a collective (``dist.all_reduce`` and the like); a lost peer or a timeout becomes one line.
+
+    ``what`` names it for the message: "the loss all-reduce failed (...)".
+    """
+    try:
+        return call(*args, **kwargs)
+    except (RuntimeError, ValueError) as error:  # DistBackendError and DistNetworkError are RuntimeErrors
+        raise PipelineAborted(f"rank {dist.get_rank()}: {what} failed ({first_line(error)}); another rank has "
+                              f"probably stopped (look for its own error), so this rank stops too") from error
