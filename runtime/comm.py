@@ -93,7 +93,7 @@ class P2P:
             raise self._aborted(message, error) from error
 
     def _aborted(self, message: Message, error: Exception) -> PipelineAborted:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = first_line(error)
         return PipelineAborted(
             f"rank {self.rank}: {message.describe()} failed ({first}); rank {message.peer} has probably stopped "
             f"(look for its own error above), so this rank stops too"
@@ -129,14 +129,22 @@ def _blocking(call, tensor: torch.Tensor, peer: int, tag: int) -> None:
         call(tensor, peer, tag=tag)
     except RuntimeError as error:
         raise PipelineAborted(f"rank {dist.get_rank()}: the shape handshake with rank {peer} failed "
-                              f"({str(error).strip().splitlines()[0] if str(error).strip() else error}); "
+                              f"({first_line(error)}); "
                               f"rank {peer} has probably stopped (look for its own error)") from error
 
 
 def first_line(error: BaseException) -> str:
-    """The first line of an error's message (torch's C++ errors go on for pages), or its class name."""
+    """The first line of an error's message (torch's C++ errors go on for pages), or its class name.
+
+    Gloo's "[/path/pair.cc:537] Read error ..." loses the source location and the advice after it.
+    """
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    line = text.splitlines()[0]
+    if line.startswith("[") and "] " in line:
+        line = line.split("] ", 1)[1]
+    return line.split(" This is typically caused by")[0].rstrip()
 
 
 def collective(what: str, call, *args, **kwargs):

@@ -11,7 +11,7 @@ import math
 
 from optpipe.compiler.errors import OptpipeError
 
-__all__ = ["UsageError", "add_train_arguments", "check", "LineParser"]
+__all__ = ["UsageError", "add_train_arguments", "check", "LineParser", "to_argv"]
 
 
 class UsageError(OptpipeError):
@@ -93,3 +93,20 @@ def check(args: argparse.Namespace) -> None:
         _positive("--improve-time-limit", args.improve_time_limit)
         if not (math.isfinite(args.improve_min_gain) and 0 <= args.improve_min_gain < 1):
             raise UsageError(f"--improve-min-gain: expected a fraction from 0 to below 1, got {args.improve_min_gain}")
+
+
+def to_argv(args: argparse.Namespace) -> list[str]:
+    """The training options in ``args`` as command-line words again (for the ranks a launcher starts)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_train_arguments(parser)
+    words: list[str] = []
+    for action in parser._actions:  # argparse keeps no public list of a parser's options
+        if not action.option_strings:
+            continue
+        value = getattr(args, action.dest, action.default)
+        if isinstance(action, argparse._StoreTrueAction):
+            if value:
+                words.append(action.option_strings[0])
+        elif value is not None and value != action.default:
+            words += [action.option_strings[0], repr(value) if isinstance(value, float) else str(value)]
+    return words
