@@ -14,7 +14,8 @@
 3. At every step boundary after that rank 0 says whether the solver is still running; when it
    has finished, rank 0 compares the new plan with the current one, both timed by the
    simulator on the measured costs, and proposes it when it is faster by more than
-   ``min_gain``. ``PipelineRank.switch_plan`` moves every rank to it at that boundary, or, if
+   ``min_gain`` (``wait=True`` makes the first boundary wait for the solver, for a switch at a
+   known step). ``PipelineRank.switch_plan`` moves every rank to it at that boundary, or, if
    any rank cannot load it, none. A plan only reorders the same operations, so losses and
    gradients do not change at the switch.
 
@@ -125,7 +126,8 @@ class OnlineImprover:
     """
 
     def __init__(self, problem: Problem, *, measure_steps: int = 3, time_limit_s: float = 20.0,
-                 min_gain: float = 0.02, solver: str = "cpsat", log: Callable[[str], None] | None = None):
+                 min_gain: float = 0.02, solver: str = "cpsat", wait: bool = False,
+                 log: Callable[[str], None] | None = None):
         if measure_steps < 1:
             raise OptpipeError(f"measure_steps: expected at least 1, got {measure_steps}")
         self.problem = problem
@@ -133,6 +135,7 @@ class OnlineImprover:
         self.time_limit_s = time_limit_s
         self.min_gain = min_gain
         self.solver = solver
+        self.wait = wait  # decide at the first boundary after measuring, waiting for the solver there
         self.log = log or (lambda line: print(line, flush=True))
         self.durations: dict[tuple[str, int], list[float]] = defaultdict(list)
         self.switches: list[Switch] = []
@@ -160,8 +163,9 @@ class OnlineImprover:
 
     def close(self) -> None:
         if self._pool is not None:
+            processes = list((getattr(self._pool, "_processes", None) or {}).values())
             self._pool.shutdown(wait=False, cancel_futures=True)
-            for process in list(getattr(self._pool, "_processes", {}).values()):
+            for process in processes:
                 if process.is_alive():
                     process.kill()  # a solver still running: its answer is no longer wanted
             self._pool = None
@@ -235,6 +239,8 @@ class OnlineImprover:
         self.switches.append(decision)
 
     def _ready(self, pipe: PipelineRank, next_step: int) -> tuple[int, bytes | None, Switch | None]:
+        if self._future is not None and self.wait:
+            concurrent.futures.wait([self._future])
         if self._future is None or not self._future.done():
             return _PENDING, None, None
         old_name = pipe.program.header.schedule_name

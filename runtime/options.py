@@ -60,6 +60,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     improve.add_argument("--improve-min-gain", type=float, default=0.02, metavar="FRACTION",
                          help="switch only when the new plan is predicted this much faster (default 0.02)")
     improve.add_argument("--improve-solver", default="cpsat", help="solver of the re-solve (default cpsat)")
+    improve.add_argument("--improve-wait", action="store_true",
+                         help="wait for the re-solve at the step after the measured ones instead of training on "
+                              "while it runs (the switch then comes at a known step)")
 
 
 def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:

@@ -70,6 +70,7 @@ class TrainOptions:
     improve_time_limit: float = 20.0
     improve_min_gain: float = 0.02
     improve_solver: str = "cpsat"
+    improve_wait: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def train_rank(rank: int, world_size: int, program: Program, options: TrainOptio
 
         improver = OnlineImprover(problem, measure_steps=options.improve_after,
                                   time_limit_s=options.improve_time_limit, min_gain=options.improve_min_gain,
-                                  solver=options.improve_solver, log=log)
+                                  solver=options.improve_solver, wait=options.improve_wait, log=log)
     params = list(pipe.parameters())
     optimizer = _optimizer(options, params)
     batches = batch_stream(workload.batches)
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                                device=args.device, trace=bool(args.trace), timeout_s=args.timeout,
                                improve=args.improve, improve_after=args.improve_after,
                                improve_time_limit=args.improve_time_limit, improve_min_gain=args.improve_min_gain,
-                               improve_solver=args.improve_solver)
+                               improve_solver=args.improve_solver, improve_wait=args.improve_wait)
         # Everything about the plan and the model is checked here, before joining the process group.
         problem = None
         if args.problem:
@@ -286,6 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rank {rank}: interrupted", file=sys.stderr, flush=True)
         return 130
+    except Exception as error:  # a bug in optpipe (or in the user's code outside a step): say so, then show it
+        import traceback
+
+        print(f"rank {rank}: internal error: {type(error).__name__}: {first_line(error)} (the traceback "
+              f"follows; if it is in optpipe, please report it)", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        return 1
     return 0
 
 
