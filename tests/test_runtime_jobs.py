@@ -113,3 +113,16 @@ def test_online_improvement_starts_on_the_best_fitting_heuristic():
 
     problem = uniform_problem(2, 4, budget=10**12)
     assert starting_plan(problem).header.schedule_name == best_fitting(compare(problem)).name
+
+
+def test_the_readme_training_script_runs_as_written(folder, tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Use it in your training job"):]
+    script = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "my_job.py").write_text(script)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "my_job.py", str(folder / "1f1b.opb")], capture_output=True, text=True, timeout=180,
+                          cwd=tmp_path, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [float(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(losses) == 3 and losses[-1] < losses[0], done.stdout
