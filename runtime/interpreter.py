@@ -33,7 +33,7 @@ from .model import Batch
 from .split_backward import StageGrad, touch_saved_tensors
 from .store import ActivationStore, module_tensors
 
-__all__ = ["Interpreter", "StepResult", "InstructionRecord", "check_plan"]
+__all__ = ["Interpreter", "StepResult", "InstructionRecord", "check_plan", "check_world"]
 
 O = Opcode
 _POSTS = frozenset({O.SEND_ACTIVATION, O.SEND_GRADIENT, O.POST_RECV_ACTIVATION, O.POST_RECV_GRADIENT})
@@ -59,8 +59,8 @@ class StepResult:
     started_ns: int = 0  # host clock (perf_counter_ns) when the step began; records count from here
 
 
-def check_plan(program: Program, rank: int, world_size: int, stages: dict[int, nn.Module]) -> None:
-    """Everything that can be checked without talking to another rank; raises PlanError."""
+def check_world(program: Program, rank: int, world_size: int) -> None:
+    """The plan is for this job's world size and ``rank`` is one of its ranks; raises PlanError."""
     header = program.header
     if header.world_size != world_size:
         raise PlanError(
@@ -70,6 +70,12 @@ def check_plan(program: Program, rank: int, world_size: int, stages: dict[int, n
         )
     if not 0 <= rank < world_size:
         raise PlanError(f"rank {rank} is outside the job's {world_size} ranks")
+
+
+def check_plan(program: Program, rank: int, world_size: int, stages: dict[int, nn.Module]) -> None:
+    """Everything that can be checked without talking to another rank; raises PlanError."""
+    header = program.header
+    check_world(program, rank, world_size)
     verify(program)
     expected = header.stages_on(rank)
     if tuple(sorted(stages)) != expected:

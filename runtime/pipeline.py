@@ -39,10 +39,10 @@ from optpipe.compiler.errors import OptpipeError, PlanError
 from optpipe.compiler.program import Program
 
 from .comm import P2P, collective
-from .interpreter import Interpreter, StepResult, check_plan
+from .interpreter import Interpreter, StepResult, check_world
 from .model import Batch
 
-__all__ = ["PipelineRank", "clip_grad_norm_", "plan_digest"]
+__all__ = ["PipelineRank", "clip_grad_norm_", "plan_digest", "stages_of"]
 
 Tensors = torch.Tensor | Sequence[torch.Tensor] | None
 
@@ -75,12 +75,14 @@ class PipelineRank:
         self.world_size = dist.get_world_size() if distributed else 1
         self.device = torch.device(device)
         self.timeout = timedelta(seconds=timeout)
-        check_plan(program, self.rank, self.world_size, {s: None for s in program.header.stages_on(self.rank)})
+        check_world(program, self.rank, self.world_size)  # before the modules: the likelier mistake
         modules = _stage_dict(program, self.rank, stages)
         self.stages: dict[int, nn.Module] = {s: m.to(self.device) for s, m in modules.items()}
         self.loss_fn = loss_fn
         self.trace = False  # record every instruction's time in the next steps (see ``last``)
         self.last: StepResult | None = None  # the last step's result: loss, seconds, peak bytes, records
+        self.refused_by: tuple[int, ...] = ()  # the ranks that could not load the last proposed plan
+        self.refusal = ""  # and this rank's reason, when it was one of them
         self._interpreter = self._make(program)
         self.digest = plan_digest(program)
 
@@ -171,24 +173,24 @@ class PipelineRank:
             payload.copy_(torch.frombuffer(bytearray(hashlib.sha256(data).digest() + data), dtype=torch.uint8))
         collective("the plan-switch broadcast", dist.broadcast, payload, 0)
         raw = payload.cpu().numpy().tobytes()
-        program, reason = None, ""
+        fresh, reason = None, ""
         try:
-            program = self._load(raw[32:], raw[:32])
+            fresh = self._load(raw[32:], raw[:32])
         except OptpipeError as error:
             reason = str(error)
         verdicts = [torch.zeros(1, dtype=torch.int64, device=comm_device) for _ in range(self.world_size)]
-        mine = torch.tensor([1 if program is not None else 0], dtype=torch.int64, device=comm_device)
+        mine = torch.tensor([1 if fresh is not None else 0], dtype=torch.int64, device=comm_device)
         collective("the plan-switch agreement", dist.all_gather, verdicts, mine)
         refused = [r for r, v in enumerate(verdicts) if int(v.item()) == 0]
         self.refused_by = tuple(refused)
         self.refusal = reason
         if refused:
             return False
-        self._adopt(program)
+        self._adopt(fresh)
         return True
 
-    def _load(self, data: bytes, digest: bytes | None) -> Program:
-        """The candidate plan, checked to be one this rank can switch to; raises PlanError."""
+    def _load(self, data: bytes, digest: bytes | None) -> Interpreter:
+        """An interpreter of the candidate plan, which is one this rank can switch to; raises PlanError."""
         if digest is not None and hashlib.sha256(data).digest() != digest:
             raise PlanError("the plan's bytes do not match the hash rank 0 sent")
         program = decode(data)
@@ -197,17 +199,15 @@ class PipelineRank:
             raise PlanError(f"the new plan ({new.schedule_name}) has another pipeline: {new.world_size} ranks, "
                             f"stage ranks {list(new.stage_ranks)}, {new.microbatches} microbatches; this one has "
                             f"{old.world_size}, {list(old.stage_ranks)}, {old.microbatches}")
-        check_plan(program, self.rank, self.world_size, self.stages)
-        return program
+        return self._make(program)  # verifies it and checks it against this rank's stages
 
-    def _adopt(self, program: Program) -> None:
+    def _adopt(self, fresh: Interpreter) -> None:
         previous = self._interpreter
-        fresh = self._make(program)
         # Same stages on the same ranks: the tensors between them keep their shapes.
         fresh._in_shape, fresh._out_shape = previous._in_shape, previous._out_shape
         fresh.activation_bytes.update(previous.activation_bytes)
         self._interpreter = fresh
-        self.digest = plan_digest(program)
+        self.digest = plan_digest(fresh.program)
 
     # ----------------------------------------------------------------- gradient clipping
 
@@ -251,8 +251,6 @@ def stages_of(plan: str | Path | Program, rank: int) -> tuple[int, ...]:
     program = plan if isinstance(plan, Program) else read_plan(plan)
     return program.header.stages_on(rank)
 
-
-__all__.append("stages_of")
 
 
 def _stage_dict(program: Program, rank: int, stages) -> dict[int, nn.Module]:

@@ -87,6 +87,7 @@ class RankReport:
     step_started_ns: int = 0  # host clock at the start of the last step
     gradients: dict[str, object] = field(default_factory=dict)  # global parameter name -> numpy array
     plans: tuple[str, ...] = ()  # per step, the schedule name of the plan it ran
+    program: Program | None = None  # the plan of the last step (online improvement may have changed it)
 
 
 def _device(choice: str, local_rank: int) -> torch.device:
@@ -169,7 +170,7 @@ def train_rank(rank: int, world_size: int, program: Program, options: TrainOptio
     result = pipe.last
     return RankReport(rank, mine, tuple(losses), tuple(seconds), tuple(peaks), pipe.activation_bytes,
                       result.records if result is not None else (), result.started_ns if result else 0, gradients,
-                      tuple(plans))
+                      tuple(plans), pipe.program)
 
 
 def _parameter_names(modules: dict, workload: Workload) -> dict[int, str]:
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             _join("nccl" if use_cuda else "gloo", rank, args.timeout)
         report = _run(rank, world_size, local_rank, program, options, use_cuda, workload, problem)
         if args.trace:
-            _write_trace(args.trace, rank, world_size, program, report, problem)
+            _write_trace(args.trace, rank, world_size, report.program or program, report, problem)
         if world_size > 1:
             collective("the final barrier", dist.barrier)
             dist.destroy_process_group()  # a clean teardown: no gloo thread left for exit to trip on

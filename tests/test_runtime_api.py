@@ -101,8 +101,10 @@ def reference(program, steps: int):
 
 def _assert_same(results, expected_losses, expected_grads, what: str) -> float:
     losses = [next(v for v in step if v is not None) for step in zip(*[r[0] for r in results])]
+    assert len(losses) == len(expected_losses)
     for got, want in zip(losses, expected_losses):
         assert abs(got - want) <= 1e-5 * abs(want), f"{what}: loss {got} != {want}"
+    loss_error = max(abs(got - want) / abs(want) for got, want in zip(losses, expected_losses))
     seen = {}
     for r in results:
         seen.update(r[1])
@@ -112,7 +114,7 @@ def _assert_same(results, expected_losses, expected_grads, what: str) -> float:
         error = float(np.linalg.norm(grad - expected_grads[name]) / np.linalg.norm(expected_grads[name]))
         worst = max(worst, error)
         assert error <= 1e-5, f"{what}: {name} relative error {error:.2e}"
-    print(f"{what}: worst relative gradient error {worst:.1e}")
+    print(f"{what}: worst relative error: loss {loss_error:.1e}, gradient {worst:.1e}")
     return worst
 
 
