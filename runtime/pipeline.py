@@ -61,7 +61,8 @@ class PipelineRank:
     rank the pieces its plan runs (``pipe.stage_ids`` says which, also before construction via
     ``stages_of(plan, rank)``). The modules are moved to ``device``. ``rank`` and the world size
     come from ``torch.distributed`` when it is initialised, else the plan must be for one rank.
-    ``timeout`` (seconds) bounds every wait on a peer: a rank that is gone becomes an error.
+    ``timeout`` (seconds) bounds every wait on a peer in a step: a rank that is gone becomes an
+    error (collectives are bounded by the process group's own timeout, ``init_process_group(timeout=)``).
     """
 
     def __init__(self, plan: str | Path | Program, stages: nn.Module | Sequence[nn.Module] | Mapping[int, nn.Module],
@@ -282,7 +283,7 @@ def _split(data: Tensors, microbatches: int, what: str) -> tuple[torch.Tensor, .
     if data is None:
         return None
     if isinstance(data, torch.Tensor):
-        if data.dim() == 0 or data.shape[0] % microbatches:
+        if data.dim() == 0 or data.shape[0] == 0 or data.shape[0] % microbatches:
             rows = data.shape[0] if data.dim() else 0
             raise OptpipeError(f"{what}: a batch of {rows} rows does not split into the plan's {microbatches} "
                                f"microbatches; use a batch size that is a multiple of {microbatches} "
