@@ -223,7 +223,7 @@ def _env_int(name: str, default: int) -> int:
         raise OptpipeError(f"environment {name}={value!r}: expected an integer (set by torchrun)") from None
 
 
-def _say(rank: int, error: BaseException) -> None:
+def _say(rank: int | str, error: BaseException) -> None:
     """``rank R: error: ...`` on one line, without the rank twice."""
     message = str(error).strip()
     prefix = f"rank {rank}: "
@@ -234,8 +234,9 @@ def _say(rank: int, error: BaseException) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    rank = _env_int("RANK", 0)
+    rank: int | str = os.environ.get("RANK", "0")  # for the messages until it is known to be a number
     try:
+        rank = _env_int("RANK", 0)
         world_size = _env_int("WORLD_SIZE", 1)
         local_rank = _env_int("LOCAL_RANK", rank)
         args = _parser().parse_args(argv)
