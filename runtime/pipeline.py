@@ -116,9 +116,13 @@ class PipelineRank:
         return dict(self._interpreter.activation_bytes)
 
     def parameters(self) -> Iterable[nn.Parameter]:
-        """This rank's parameters, for its optimizer."""
+        """This rank's parameters, for its optimizer (each once, even if two of its stages share one)."""
+        seen: set[int] = set()
         for s in self.stage_ids:
-            yield from self.stages[s].parameters()
+            for p in self.stages[s].parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield p
 
     # ----------------------------------------------------------------- a step
 

@@ -178,18 +178,20 @@ def test_one_process_with_two_stages_equals_the_whole_model_and_a_switch_changes
     _assert_same(results, losses, grads, "one rank, switched")
 
 
-def test_bf16_autocast_gives_what_autocast_gives_without_the_pipeline():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here"))])
+def test_bf16_autocast_gives_what_autocast_gives_without_the_pipeline(device):
     plan = _one_rank_plan()
     job = _job(plan)
-    pipe = PipelineRank(plan, list(job.stages), job.loss_fn)
+    pipe = PipelineRank(plan, list(job.stages), job.loss_fn, device=device)
     inputs, targets = next(iter(job.batches))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         loss = pipe.step(inputs, targets)
     whole = _job(plan)
-    model = nn.Sequential(*whole.stages)
+    model = nn.Sequential(*whole.stages).to(device)
     total = 0.0
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        for x, y in zip(inputs.chunk(4), targets.chunk(4)):
+    with torch.autocast(device, dtype=torch.bfloat16):
+        for x, y in zip(inputs.to(device).chunk(4), targets.to(device).chunk(4)):
             part = job.loss_fn(model(x), y) / 4
             part.backward()
             total += part.item()
