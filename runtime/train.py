@@ -277,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
             if use_cuda:
                 torch.cuda.set_device(local_rank % torch.cuda.device_count())
             _join("nccl" if use_cuda else "gloo", rank, args.timeout)
+        if rank == 0 and not args.plan:
+            print(f"improve: starting on {program.header.schedule_name}, the best fitting heuristic of "
+                  f"{problem.name}", flush=True)
         report = _run(rank, world_size, local_rank, program, options, use_cuda, workload, problem)
         if args.trace:
             _write_trace(args.trace, rank, world_size, report.program or program, report, problem)
