@@ -34,14 +34,14 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from optpipe.compiler.bytecode import encode
 from optpipe.compiler.errors import OptpipeError
-from optpipe.compiler.lower import lower, raise_schedule
+from optpipe.compiler.lower import lower
 from optpipe.compiler.problem import Costs, Memory, Problem
 from optpipe.compiler.program import Opcode, Program
 
 from .comm import collective, first_line
 from .pipeline import PipelineRank
+from .resolve import resolve
 
 __all__ = ["OnlineImprover", "Switch", "starting_plan", "measured_costs"]
 
@@ -106,16 +106,6 @@ def measured_costs(problem: Problem, durations: dict[tuple[str, int], list[float
     return replace(problem, name=f"{problem.name} (measured)",
                    costs=Costs(tuple(forward), tuple(backward_input), tuple(backward_weight), costs.p2p),
                    memory=Memory(tuple(activation), tuple(kept), memory.budget))
-
-
-def _solve(problem: Problem, current: Program, solver: str, time_limit_s: float) -> tuple[bytes, str, float, float]:
-    """In the background process: (plan bytes, schedule name, predicted new ms, predicted current ms)."""
-    from optpipe.compiler.simulate import simulate
-    from optpipe.solvers.compile import compile_problem
-
-    compiled = compile_problem(problem, solver=solver, time_limit_s=time_limit_s, workers=1)
-    before = simulate(problem, raise_schedule(current)).makespan
-    return encode(lower(problem, compiled.schedule)), compiled.schedule.name, compiled.makespan_ms, before
 
 
 class OnlineImprover:
@@ -203,7 +193,7 @@ class OnlineImprover:
                  f"{self.solver} for up to {self.time_limit_s:g} s in the background")
         context = mp.get_context("spawn")
         self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context)
-        self._future = self._pool.submit(_solve, self._measured, pipe.program, self.solver, self.time_limit_s)
+        self._future = self._pool.submit(resolve, self._measured, pipe.program, self.solver, self.time_limit_s)
 
     # ----------------------------------------------------------------- deciding
 
