@@ -19,7 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .errors import PipelineAborted
+from .errors import PipelineAborted, first_line
 
 __all__ = ["Message", "P2P", "ACTIVATION", "GRADIENT", "send_meta", "recv_meta", "collective", "first_line"]
 
@@ -131,20 +131,6 @@ def _blocking(call, tensor: torch.Tensor, peer: int, tag: int) -> None:
         raise PipelineAborted(f"rank {dist.get_rank()}: the shape handshake with rank {peer} failed "
                               f"({first_line(error)}); "
                               f"rank {peer} has probably stopped (look for its own error)") from error
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error's message (torch's C++ errors go on for pages), or its class name.
-
-    Gloo's "[/path/pair.cc:537] Read error ..." loses the source location and the advice after it.
-    """
-    text = str(error).strip()
-    if not text:
-        return type(error).__name__
-    line = text.splitlines()[0]
-    if line.startswith("[") and "] " in line:
-        line = line.split("] ", 1)[1]
-    return line.split(" This is typically caused by")[0].rstrip()
 
 
 def collective(what: str, call, *args, **kwargs):

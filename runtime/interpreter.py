@@ -27,7 +27,7 @@ from optpipe.compiler.errors import OptpipeError, PlanError
 from optpipe.compiler.program import Instruction, Opcode, Program
 from optpipe.compiler.verify import verify
 
-from .comm import ACTIVATION, GRADIENT, P2P, Message, recv_meta, send_meta
+from .comm import ACTIVATION, GRADIENT, P2P, Message, first_line, recv_meta, send_meta
 from .errors import PipelineAborted
 from .model import Batch
 from .split_backward import StageGrad, touch_saved_tensors
@@ -189,7 +189,7 @@ class Interpreter:
 
     def _split_error(self, stage: int, x: torch.Tensor, error: Exception) -> PlanError:
         """A stage that cannot take its input: the model split does not match the plan."""
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = first_line(error)
         given = f"a {x.dtype} tensor of shape {tuple(x.shape)}"
         if stage == 0:
             return PlanError(f"stage 0's module fails on one microbatch of the input ({given}): "
@@ -287,7 +287,7 @@ class Interpreter:
             try:
                 loss = self.loss_fn(output, targets)
             except Exception as error:
-                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                first = first_line(error)
                 raise PlanError(f"the loss function fails on the last stage's output (a {output.dtype} tensor of "
                                 f"shape {tuple(output.shape)}) and the targets of microbatch {ins.microbatch} (a "
                                 f"{targets.dtype} tensor of shape {tuple(targets.shape)}): {type(error).__name__}: "

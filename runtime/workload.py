@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from optpipe.compiler.errors import OptpipeError
 
+from .errors import first_line
+
 __all__ = ["WorkloadRequest", "Workload", "BUILT_IN", "resolve_factory", "load_workload", "batch_stream"]
 
 BUILT_IN = {"tiny": "optpipe.runtime.model:tiny", "small": "optpipe.runtime.model:small"}
@@ -73,7 +75,7 @@ def resolve_factory(spec: str) -> Callable[[WorkloadRequest], Workload]:
                            f"holds the package or put it on PYTHONPATH") from None
     except Exception as error:  # the user's module failed while importing
         raise OptpipeError(f"--model {spec}: importing {module_name} failed: {type(error).__name__}: "
-                           f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from None
+                           f"{first_line(error)}") from None
     factory = getattr(module, attribute, None)
     if factory is None:
         raise OptpipeError(f"--model {spec}: {module_name} has no {attribute!r}")
@@ -92,7 +94,7 @@ def load_workload(spec: str, request: WorkloadRequest) -> Workload:
     except Exception as error:
         if isinstance(error, OptpipeError):
             raise
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        text = first_line(error)
         where = _where(factory)
         raise OptpipeError(f"--model {spec}: the factory failed{where}: {type(error).__name__}: {text}") from error
     if not isinstance(workload, Workload):
