@@ -248,3 +248,16 @@ def test_clip_grad_norm_in_one_process_is_torchs():
     assert abs(float(norm) - float(expected)) <= 1e-5 * float(expected)
     for copy, p in zip(copies, pipe.parameters()):
         assert torch.allclose(copy.grad, p.grad, rtol=1e-5, atol=0)
+
+
+def test_measured_costs_replace_the_problems_times_and_sizes_and_keep_the_rest():
+    from optpipe.runtime.improve import measured_costs
+
+    problem = uniform_problem(2, 4, budget=10**9)
+    durations = {("F", 0): [2.0, 4.0, 3.0], ("B", 0): [1.0], ("W", 0): [0.5], ("BW", 1): [6.0, 6.0]}
+    measured = measured_costs(problem, durations, {0: (1000, 400), 1: (2000, 2000)})
+    assert measured.costs.forward == (3.0, 1.0)  # stage 1 was not timed: the problem's
+    assert (measured.costs.backward_input, measured.costs.backward_weight) == ((1.0, 3.0), (0.5, 3.0))
+    assert (measured.memory.activation, measured.memory.weight_activation) == ((1000, 2000), (400, 2000))
+    assert (measured.pipeline, measured.memory.budget, measured.costs.p2p) == (
+        problem.pipeline, problem.memory.budget, problem.costs.p2p)

@@ -152,3 +152,15 @@ def test_the_rank_is_said_once(capsys):
 
     _say(3, PipelineAborted("rank 3: receiving the activation of stage 1 failed\nand a second line"))
     assert capsys.readouterr().err == "rank 3: error: receiving the activation of stage 1 failed\n"
+
+
+def test_optpipe_train_hands_the_ranks_the_options_it_was_given():
+    from optpipe.runtime.options import LineParser, add_train_arguments, to_argv
+
+    parser = LineParser()
+    add_train_arguments(parser)
+    words = ["--plan", "p.opb", "--lr", "0.003", "--timeout", "12.5", "--improve", "--problem", "p.toml",
+             "--model", "examples.reverse:workload"]
+    args = parser.parse_args(words)
+    assert parser.parse_args(to_argv(args)) == args
+    assert to_argv(parser.parse_args(["--plan", "p.opb"])) == ["--plan", "p.opb"]
