@@ -59,25 +59,28 @@ class PipelineRank:
     modules, in stage order (a list, one module when the rank runs one stage, or a dict
     ``{stage: module}``); split your model into ``plan.stages`` consecutive pieces and give each
     rank the pieces its plan runs (``pipe.stage_ids`` says which, also before construction via
-    ``stages_of(plan, rank)``). The modules are moved to ``device``. ``rank`` and the world size
+    ``stages_of(plan, rank)``). The modules are moved to ``device`` (default: where they are). ``rank`` and the world size
     come from ``torch.distributed`` when it is initialised, else the plan must be for one rank.
     ``timeout`` (seconds) bounds every wait on a peer in a step: a rank that is gone becomes an
     error (collectives are bounded by the process group's own timeout, ``init_process_group(timeout=)``).
     """
 
     def __init__(self, plan: str | Path | Program, stages: nn.Module | Sequence[nn.Module] | Mapping[int, nn.Module],
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *, device: torch.device | str = "cpu",
-                 timeout: float = 60.0):
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
+                 device: torch.device | str | None = None, timeout: float = 60.0):
         program = plan if isinstance(plan, Program) else read_plan(plan)
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise OptpipeError(f"timeout: expected a positive number of seconds, got {timeout!r}")
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
-        self.device = torch.device(device)
         self.timeout = timedelta(seconds=timeout)
         check_world(program, self.rank, self.world_size)  # before the modules: the likelier mistake
         modules = _stage_dict(program, self.rank, stages)
+        if device is None:  # where the modules are (the first parameter's device), else the CPU
+            first = next((p for m in modules.values() for p in m.parameters()), None)
+            device = first.device if first is not None else "cpu"
+        self.device = torch.device(device)
         self.stages: dict[int, nn.Module] = {s: m.to(self.device) for s, m in modules.items()}
         self.loss_fn = loss_fn
         self.trace = False  # record every instruction's time in the next steps (see ``last``)
