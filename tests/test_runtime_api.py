@@ -9,12 +9,15 @@ rank on the old one. Single-process checks cover the errors a wrong split gets.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 
-from examples import reverse
+from conftest import uniform_problem
 from optpipe.compiler.bytecode import encode
 from optpipe.compiler.errors import OptpipeError, PlanError
 from optpipe.compiler.lower import lower
@@ -23,7 +26,10 @@ from optpipe.runtime import PipelineRank
 from optpipe.runtime.launch import run_local
 from optpipe.runtime.workload import WorkloadRequest
 from optpipe.solvers.registry import generate
-from tests.conftest import uniform_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # examples/ is not installed: import it from the checkout
+from examples import reverse  # noqa: E402
 
 SEED = 0
 STEPS = 3

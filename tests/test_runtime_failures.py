@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import uniform_problem
 from optpipe.compiler.bytecode import write_plan
 from optpipe.compiler.lower import lower
 from optpipe.runtime.errors import PipelineAborted
 from optpipe.runtime.launch import LocalRunFailed, run_local
 from optpipe.solvers.registry import generate
-from tests.conftest import uniform_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import uniform_problem
 from optpipe.compiler.bytecode import write_plan
 from optpipe.compiler.lower import lower
 from optpipe.compiler.problem import dumps_problem, load_problem
 from optpipe.runtime.launcher import free_port
 from optpipe.solvers.registry import generate
-from tests.conftest import uniform_problem
 
 pytestmark = pytest.mark.multirank
 
@@ -76,6 +76,7 @@ def _single_process_losses(microbatches: int, steps: int, lr: float) -> list[flo
     """The example trained as ``optpipe train`` trains it (AdamW, no weight decay), in one process."""
     import torch
 
+    sys.path.insert(0, str(ROOT))  # examples/ is not installed: import it from the checkout
     from examples import reverse
     from optpipe.runtime.workload import WorkloadRequest
 
