@@ -19,7 +19,8 @@
    any rank cannot load it, none. A plan only reorders the same operations, so losses and
    gradients do not change at the switch.
 
-Rank 0 logs each stage of this with the step and the predicted gain.
+Rank 0 logs each stage of this with the step and the predicted gain, and, once the new plan
+has run as many steps as were measured, its own step time before and after the switch.
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ class OnlineImprover:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._solving = False
         self._measured: Problem | None = None
+        self._seconds: dict[int, float] = {}  # step -> its wall time on this rank, untraced steps only
+        self._switched_before: int | None = None  # the step the new plan began with
 
     # ----------------------------------------------------------------- per step
 
@@ -142,7 +145,10 @@ class OnlineImprover:
 
     def after_step(self, pipe: PipelineRank, step: int) -> None:
         """Collective: every rank calls it after every step, with the same ``step``."""
+        if pipe.last is not None and not pipe.trace and step > 0:
+            self._seconds[step] = pipe.last.seconds
         if self.finished:
+            self._compare_step_times(pipe, step)
             return
         if 1 <= step <= self.measure_steps and pipe.last is not None:
             self._record(pipe)
@@ -150,6 +156,19 @@ class OnlineImprover:
             self._start(pipe)
         elif step > self.measure_steps:
             self._decide(pipe, step + 1)
+
+    def _compare_step_times(self, pipe: PipelineRank, step: int) -> None:
+        """Once the new plan has run as many steps as were measured: rank 0's step times before and after."""
+        start = self._switched_before
+        if start is None or step + 1 - start != self.measure_steps:
+            return
+        before = [t for k, t in self._seconds.items() if k < start][-self.measure_steps:]
+        after = [t for k, t in self._seconds.items() if k >= start]
+        if pipe.rank == 0 and before and after:
+            old, new = statistics.median(before) * 1e3, statistics.median(after) * 1e3
+            gain = 1 - new / old
+            self.log(f"improve: measured on rank 0: {old:.3f} ms per step before the switch, {new:.3f} ms over the "
+                     f"{len(after)} steps since ({100 * abs(gain):.1f}% {'faster' if gain >= 0 else 'slower'})")
 
     def close(self) -> None:
         if self._pool is not None:
@@ -213,6 +232,8 @@ class OnlineImprover:
         if status == _DONE:
             return
         switched = pipe.switch_plan(candidate)
+        if switched:
+            self._switched_before = next_step
         if pipe.rank != 0:
             return
         if switched:
@@ -222,7 +243,7 @@ class OnlineImprover:
                      f"-> {decision.predicted_new_ms:.3f} ms per step with the measured costs "
                      f"({100 * decision.gain:.1f}% faster)")
         else:
-            refused = ", ".join(map(str, getattr(pipe, "refused_by", ())))
+            refused = ", ".join(map(str, pipe.refused_by))
             decision = replace(decision, note=f"rank {refused} could not load it")
             self.log(f"improve: before step {next_step}: rank {refused} could not load the new plan "
                      f"{decision.new_name}; every rank keeps {decision.old_name}")

@@ -107,6 +107,8 @@ def test_online_improvement_switches_every_rank_and_changes_no_loss(folder):
     assert len(switch) == 1, improved.stdout
     assert re.match(r"improve: before step 4: every rank switched from GPipe to \S+ \(plan [0-9a-f]{12}\); "
                     r"predicted [\d.]+ -> [\d.]+ ms per step with the measured costs \([\d.]+% faster\)", switch[0])
+    assert any(re.match(r"improve: measured on rank 0: [\d.]+ ms per step before the switch, [\d.]+ ms over the 2 "
+                        r"steps since \([\d.]+% (faster|slower)\)", line) for line in improved.stdout.splitlines())
     # GPipe for steps 0-3, the new plan after: the losses are one process's (printed to 6 decimals)
     expected, got = _single_process_losses(4, 7, 1e-3), _losses(improved.stdout)
     assert len(got) == 7
