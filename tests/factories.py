@@ -6,6 +6,7 @@ import os
 import signal
 
 from optpipe.runtime.model import tiny
+from optpipe.runtime.workload import WorkloadRequest
 
 
 class _KillAt:
@@ -41,3 +42,13 @@ def tiny_rank0_killed_after_step_3(request):
 
         first.register_post_accumulate_grad_hook(hook)
     return workload
+
+
+def one_stage(request):
+    """A model that is not split at all, whatever the plan asks for."""
+    workload = tiny(WorkloadRequest(1, request.microbatches, request.seed))
+    return workload
+
+
+def not_a_workload(request):
+    return [None]

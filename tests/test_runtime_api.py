@@ -267,3 +267,22 @@ def test_measured_costs_replace_the_problems_times_and_sizes_and_keep_the_rest()
     assert (measured.memory.activation, measured.memory.weight_activation) == ((1000, 2000), (400, 2000))
     assert (measured.pipeline, measured.memory.budget, measured.costs.p2p) == (
         problem.pipeline, problem.memory.budget, problem.costs.p2p)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tests.factories:one_stage", "the plan has 2 stages but the factory split the model into 1; return exactly "
+                                  "request.stages stage modules"),
+    ("tests.factories:not_a_workload", "the factory returned a list; it must return "
+                                       "optpipe.runtime.workload.Workload"),
+    ("tests.factories:nothing", "tests.factories has no 'nothing'"),
+    ("tests.nowhere:build", "cannot import tests.nowhere"),
+    ("tiny:", "expected tiny, small or package.module:factory"),
+])
+def test_a_factory_that_does_not_deliver_is_named_with_what_to_change(spec, message):
+    from optpipe.runtime.workload import load_workload
+
+    sys.path.insert(0, str(ROOT))
+    with pytest.raises(OptpipeError) as caught:
+        load_workload(spec, WorkloadRequest(2, 4))
+    assert message in str(caught.value)
+    assert str(caught.value).startswith("--model")
