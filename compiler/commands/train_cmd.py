@@ -7,16 +7,12 @@ For several machines use torchrun with the same options (README, "Several machin
 
 from __future__ import annotations
 
-from ..errors import OptpipeError
-
 
 def add_parser(sub) -> None:
     from optpipe.runtime.options import add_train_arguments
 
     parser = sub.add_parser("train", help="train with a plan: one local process per rank, one line if one fails")
     add_train_arguments(parser)
-    parser.add_argument("--nproc", type=int, default=None, metavar="N",
-                        help="processes to start (default: the plan's world size)")
     parser.set_defaults(run=run)
 
 
@@ -25,10 +21,7 @@ def run(args) -> int:
     from optpipe.runtime.options import check, to_argv
 
     check(args)
-    nproc = args.nproc or _world_size(args)
-    if nproc < 1:
-        raise OptpipeError(f"--nproc: expected a positive integer, got {nproc}")
-    return launch_local(to_argv(args), nproc, args.timeout)
+    return launch_local(to_argv(args), _world_size(args), args.timeout)  # one process per rank of the plan
 
 
 def _world_size(args) -> int:
