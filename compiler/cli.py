@@ -18,7 +18,8 @@ from .errors import OptpipeError
 __all__ = ["main", "COMMANDS"]
 
 # In the order ``optpipe --help`` lists them.
-COMMANDS = ("check", "compare", "show", "simulate", "compile", "disasm", "verify", "export", "import", "profile", "demo")
+COMMANDS = ("check", "compare", "show", "simulate", "compile", "disasm", "verify", "export", "import", "profile", "train",
+            "demo")
 
 
 def _parser() -> argparse.ArgumentParser:
