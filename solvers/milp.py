@@ -17,10 +17,11 @@ solution that fits only because an op waited is no schedule. The solver works in
    forbidden and the model is solved again (each round forbids at least one more claim, so
    the loop ends); bounds only count from models no claim was forbidden in.
 
-Times are whole units of ``resolution_ms`` with durations rounded up (by under 0.1% where the
-ladder allows): objectives are exact for those durations and the simulated makespan (exact
-durations) is never above the model's; the reported lower bound is the model's shrunk by the
-largest rounding, so it holds for the exact durations.
+Times are whole units of the shared grid (timegrid.py) with durations rounded up: objectives
+are exact for those durations and the simulated makespan (exact durations) is never above the
+model's; the reported lower bound is the model's shrunk by the largest rounding, so it holds
+for the exact durations. On a rounded grid the exact model keeps a margin around every memory
+claim, so its bound is no proof: only the relaxed model's counts then.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import math
 import time
 from typing import Callable
 
-from optpipe.compiler.errors import SolverError
+from optpipe.compiler.errors import InternalError, SolverError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import TRANSFER_KINDS, Op, OpKind, Schedule
+from optpipe.compiler.semantics import instant
 from optpipe.compiler.simulate import Timeline, simulate
 
 from .decode import schedule_from_starts
@@ -97,8 +99,8 @@ class _Search:
         self.on_progress = on_progress
         self.label = label
         self.solver = f"milp-{backend}"
-        self.data = mm.prepare(problem, mm.choose_time_scale(problem), split=split)
-        self.unit = self.data.scale.resolution_ms
+        self.data = mm.prepare(problem, mm.choose_milp_grid(problem), split=split)
+        self.unit = self.data.grid.resolution_ms
         self.bound: int | None = None  # units, proven for every schedule
 
     # ----------------------------------------------------------------- reporting
@@ -178,8 +180,8 @@ class _Search:
             if run.values is not None:
                 broken = _violation(model.lp, lambda var: run.values[var.name])
                 if broken > _TOLERANCE:
-                    raise SolverError(f"{self.backend} returned a solution that breaks its model (by {broken:g}); "
-                                      f"this is a solver fault: try the other backend")
+                    raise InternalError(f"{self.backend} returned a solution that breaks its model (by {broken:g}); "
+                                        f"try the other backend")
                 schedule = _decode(model, run.values, self.solver)
                 timeline = simulate(problem, schedule)
                 objective_ms = round(run.objective) * self.unit
@@ -204,6 +206,7 @@ class _Search:
                     hint, hint_timeline = best[0], best[1]
                 floor = self.bound if self.bound is not None else 0
                 model, start = self.model_with_start(hint, hint_timeline, asap=True, floor=floor)
+                clean = clean and model.margin == 0  # a margin forbids some schedules: no proof
                 self.report(None, "solving the exact (as-soon-as-possible) model: the simulator never lets an op "
                                   "wait for memory")
                 continue
@@ -258,7 +261,7 @@ class _Search:
     def result(self, status, schedule, timeline, objective_ms) -> SolveResult:
         # The bound is proven for durations rounded up by at most ``rounding``; shrunk by that much
         # it holds for the exact durations too (OPTIMAL means optimal at the resolution).
-        lower_bound_ms = self.bound * self.unit / (1 + self.data.scale.rounding)
+        lower_bound_ms = self.bound * self.unit / (1 + self.data.grid.rounding)
         return SolveResult(self.solver, status, schedule, timeline, objective_ms, lower_bound_ms,
                            time.perf_counter() - self.began, self.unit)
 
@@ -301,7 +304,7 @@ def _violation(lp, value_of) -> float:
 
 def _decode(model, values: dict[str, float], name: str) -> Schedule:
     """Start times in ms for every op the solution runs, then the shared decoder."""
-    unit = model.data.scale.resolution_ms
+    unit = model.data.grid.resolution_ms
     chosen = {item for item, x in model.offload.items() if values[x.name] > 0.5}
     starts: dict[Op, float] = {}
     for op, var in model.start.items():
@@ -324,8 +327,7 @@ def _repair(model, values: dict[str, float], timeline: Timeline) -> int:
     return forbidden
 
 
-def _at(t: float) -> float:
-    return round(t, 9)  # the simulator's memory replay compares times at this precision
+_at = instant  # the simulator's memory replay compares times at this precision
 
 
 def _holds(relief, timeline: Timeline) -> bool:
