@@ -15,7 +15,7 @@ from typing import Callable
 from .errors import ScheduleError
 from .problem import Problem
 from .schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from .semantics import CHANNEL, Channel, Place, duration_ms, holds, instant, waits
+from .semantics import CHANNEL, At, Channel, Place, duration_ms, effects, instant, waits
 from .units import format_size
 
 __all__ = ["OpTiming", "Timeline", "simulate", "start_times", "describe_fit", "op_duration"]
@@ -176,6 +176,7 @@ def _graph(problem: Problem, schedule: Schedule) -> tuple[list[Op], list[int], l
         node_device.extend([device] * len(device_ops))
     index = {op: n for n, op in enumerate(ops)}
     preds: list[list[tuple[int, float]]] = [[] for _ in ops]
+    rules = _Rules(problem, where)
     n = 0
     for device_ops in schedule.devices:
         last: dict[Channel, int] = {}
@@ -187,12 +188,44 @@ def _graph(problem: Problem, schedule: Schedule) -> tuple[list[Op], list[int], l
             if channel is not Channel.COMPUTE and channel in last:
                 mine.append((last[channel], 0.0))
             last[channel] = n
-            s, i = op.stage, op.microbatch
-            fused_above = s + 1 < problem.stages and Op(_BW, s + 1, i) in where
-            for wait in waits(problem, op, fused_above=fused_above, offloaded=Op(_REL, s, i) in where):
-                mine.append((index[wait.op], wait.lag_ms))
+            i = op.microbatch
+            for kind, stage, lag in rules.waits(op):
+                mine.append((index[Op(kind, stage, i)], lag))
             n += 1
     return ops, node_device, preds
+
+
+class _Rules:
+    """semantics.py's answers for one schedule, asked once per (kind, stage, case): the simulator
+    is hot, and an op's waits and effects depend on its microbatch only through its own index."""
+
+    def __init__(self, problem: Problem, present):
+        self.problem = problem
+        self.fused = {(op.stage, op.microbatch) for op in present if op.kind is _BW}
+        self.offloaded = {(op.stage, op.microbatch) for op in present if op.kind is _OFF}
+        self._waits: dict = {}
+        self._effects: dict = {}
+
+    def waits(self, op: Op) -> tuple[tuple[OpKind, int, float], ...]:
+        s, i = op.stage, op.microbatch
+        key = (op.kind, s, (s + 1, i) in self.fused, (s, i) in self.offloaded)
+        rule = self._waits.get(key)
+        if rule is None:
+            rule = self._waits[key] = tuple(
+                (w.op.kind, w.op.stage, w.lag_ms)
+                for w in waits(self.problem, Op(op.kind, s, 0), fused_above=key[2], offloaded=key[3]))
+        return rule
+
+    def effects(self, op: Op) -> tuple[tuple[Place, bool, int], ...]:
+        """(place, at the end?, bytes taken (+) or released (-))."""
+        pair = (op.stage, op.microbatch)
+        key = (op.kind, op.stage, pair in self.fused, pair in self.offloaded)
+        rule = self._effects.get(key)
+        if rule is None:
+            rule = self._effects[key] = tuple(
+                (e.place, e.at is At.END, e.delta)
+                for e in effects(self.problem, Op(op.kind, op.stage, 0), fused=key[2], offloaded=key[3]))
+        return rule
 
 
 def start_times(problem: Problem, schedule: Schedule, measure: Callable[[float], float]) -> dict[Op, float]:
@@ -264,24 +297,20 @@ def _describe_cycle(ops, node_device, preds, indegree) -> str:
 
 
 def _replay_memory(problem: Problem, schedule: Schedule, timings, makespan: float, first: float) -> Timeline:
-    """Each (stage, microbatch)'s holds (semantics.py) become events at their ops' times."""
+    """Each op's memory effects (semantics.effects: holds taken at starts, released at ends)
+    become events at its times; at one instant releases come before allocations."""
     devices = problem.devices
     events = {Place.DEVICE: [[] for _ in range(devices)], Place.HOST: [[] for _ in range(devices)]}
     busy = [0.0] * devices
-    at: dict[Op, OpTiming] = {}
+    rules = _Rules(problem, [t.op for t in timings])
     for t in timings:
-        at[t.op] = t
         if t.op.kind in COMPUTE_KINDS:
             busy[t.device] += t.end - t.start
-    for t in timings:
-        op = t.op
-        if op.kind is not _F:
-            continue
-        s, i = op.stage, op.microbatch
-        for hold in holds(problem, s, i, fused=Op(_BW, s, i) in at, offloaded=Op(_OFF, s, i) in at):
-            e = events[hold.place][t.device]
-            e.append((instant(at[hold.begins.op].start), 1, hold.bytes))  # takes hold at a start
-            e.append((instant(at[hold.ends.op].end), 0, -hold.bytes))  # releases at an end
+        for place, at_end, delta in rules.effects(t.op):
+            if at_end:
+                events[place][t.device].append((instant(t.end), 0, delta))
+            else:
+                events[place][t.device].append((instant(t.start), 1, delta))
     curves, peaks, peak_times, host_peaks = [], [], [], []
     for d in range(devices):
         curve, peak, when = _curve(events[Place.DEVICE][d])

@@ -38,7 +38,7 @@ import pulp
 from optpipe.compiler.errors import ScheduleError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import duration_ms, waits
+from optpipe.compiler.semantics import duration_ms, holds, waits
 from optpipe.compiler.simulate import start_times
 
 from .timegrid import MILP_MAX_UNITS, Grid, choose_grid
@@ -382,11 +382,16 @@ class _Builder:
         self.at_least(rel, event, 1 + self.margin, 1 - away)
         return away
 
+    def holds(self, stage: int, microbatch: int) -> list[tuple[float, Op]]:
+        """(memory units, the op whose end releases them) of an activation kept on the device
+        (semantics.holds: every one is taken at F's start)."""
+        return [(hold.bytes / self.unit, hold.ends.op)
+                for hold in holds(self.problem, stage, microbatch, fused=not self.data.split)]
+
     def forward_events(self) -> None:
         """Device memory at every F start: ordering variables for compute, relief for transfers."""
         data, memory = self.data, self.problem.memory
         act = [a / self.unit for a in memory.activation]
-        keep = [k / self.unit for k in memory.weight_activation]
         budget = memory.budget / self.unit
         for device in range(self.problem.devices):
             items = self.items_on[device]
@@ -397,18 +402,15 @@ class _Builder:
                 for sa, ia in items:
                     if (sa, ia) == (sb, ib):
                         continue
-                    fa, back, last = Op(_F, sa, ia), data.back(sa, ia), data.last(sa, ia)
+                    fa, back = Op(_F, sa, ia), data.back(sa, ia)
                     held = self.before(fa, event)
                     if isinstance(held, int) and held == 0:
                         continue
                     freed_back = self.before(back, event)
-                    freed_last = self.before(last, event) if data.split else 0
-                    if data.split:
-                        terms += [act[sa] * held, -(act[sa] - keep[sa]) * freed_back, -keep[sa] * freed_last]
-                        worst += act[sa] - (act[sa] - keep[sa]) * _fixed(freed_back) - keep[sa] * _fixed(freed_last)
-                    else:
-                        terms += [act[sa] * held, -act[sa] * freed_back]
-                        worst += act[sa] - act[sa] * _fixed(freed_back)
+                    for amount, release in self.holds(sa, ia):
+                        freed = self.before(release, event)
+                        terms += [amount * held, -amount * freed]
+                        worst += amount - amount * _fixed(freed)
                     if self.problem.offload.enabled and _fixed(freed_back) == 0:
                         pending_claims.append((sa, ia, held, freed_back))
                 if worst <= budget + 1e-9:
@@ -421,7 +423,6 @@ class _Builder:
         """Device memory at every RELOAD start (only binding when the item is offloaded)."""
         data, memory = self.data, self.problem.memory
         act = [a / self.unit for a in memory.activation]
-        keep = [k / self.unit for k in memory.weight_activation]
         budget = memory.budget / self.unit
         for device in range(self.problem.devices):
             items = self.items_on[device]
@@ -432,41 +433,35 @@ class _Builder:
                 for sa, ia in items:
                     if (sa, ia) == (sr, ir):
                         continue
-                    fa, back, last = Op(_F, sa, ia), data.back(sa, ia), data.last(sa, ia)
+                    fa, chain = Op(_F, sa, ia), list(dict.fromkeys((data.back(sa, ia), data.last(sa, ia))))
                     started = _status(data.order(fa, f_r), data.order(fa, back_r))
                     if started == 0:
                         continue
-                    ended = _status(data.order(back, f_r), data.order(back, back_r))
-                    ended_last = _status(data.order(last, f_r), data.order(last, back_r)) if data.split else 0
-                    may_be_away = ended != 1 and not (sa == sr and ia < ir)
-                    plan.append((sa, ia, started, ended, ended_last, may_be_away))
-                    if data.split:
-                        worst += act[sa] - (act[sa] - keep[sa]) * (ended == 1) - keep[sa] * (ended_last == 1)
-                    else:
-                        worst += act[sa] - act[sa] * (ended == 1)
+                    # whether each releasing op (B then W, or BW) has ended by the reload: 1, 0 or open
+                    ended = {op: _status(data.order(op, f_r), data.order(op, back_r)) for op in chain}
+                    may_be_away = ended[chain[0]] != 1 and not (sa == sr and ia < ir)
+                    plan.append((sa, ia, started, chain, ended, may_be_away))
+                    worst += sum(amount * (ended[release] != 1) for amount, release in self.holds(sa, ia))
                 if worst <= budget + 1e-9:
                     continue
                 terms = [act[sr]]
-                for sa, ia, started, ended, ended_last, may_be_away in plan:
-                    fa, back, last = Op(_F, sa, ia), data.back(sa, ia), data.last(sa, ia)
+                for sa, ia, started, chain, ended, may_be_away in plan:
+                    fa = Op(_F, sa, ia)
                     if started is None:
                         pending = self.claim("pending", fa, event)
                         self.at_least(fa, event, 1 + self.margin, 1 - pending)
                         started = 1 - pending
-                    if ended is None:
-                        ended = self.claim("ended", back, event)
-                        self.at_least(event, back, data.duration[back] + self.margin, 1 - ended)
-                        self.lp += ended <= started
-                    if data.split and ended_last is None:
-                        ended_last = self.claim("ended", last, event)
-                        self.at_least(event, last, data.duration[last] + self.margin, 1 - ended_last)
-                        self.lp += ended_last <= ended
-                    if data.split:
-                        terms += [act[sa] * started, -(act[sa] - keep[sa]) * ended, -keep[sa] * ended_last]
-                    else:
-                        terms += [act[sa] * started, -act[sa] * ended]
+                    prior = started  # W ends after B, B after F started
+                    for op in chain:
+                        if ended[op] is None:
+                            ended[op] = self.claim("ended", op, event)
+                            self.at_least(event, op, data.duration[op] + self.margin, 1 - ended[op])
+                            self.lp += ended[op] <= prior
+                        prior = ended[op]
+                    for amount, release in self.holds(sa, ia):
+                        terms += [amount * started, -amount * ended[release]]
                     if may_be_away:
-                        terms.append(-act[sa] * self.away_at(sa, ia, event, started, ended))
+                        terms.append(-act[sa] * self.away_at(sa, ia, event, started, ended[chain[0]]))
                 self.lp += pulp.lpSum(terms) <= budget + (worst - budget) * (1 - self.offload[(sr, ir)])
 
     def host_events(self) -> None:
