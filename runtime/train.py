@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(1)
     if world_size > 1:
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it (it aborted at exit)
         dist.destroy_process_group()
     return 0
 

@@ -33,7 +33,7 @@ from typing import Callable
 from optpipe.compiler.errors import InternalError, SolverError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import TRANSFER_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import instant
+from optpipe.compiler.semantics import TOLERANCE_MS, instant
 from optpipe.compiler.simulate import Timeline, simulate
 
 from .decode import schedule_from_starts
@@ -125,7 +125,7 @@ class _Search:
             plain = self.without_offload(hint)
             if plain is not None and plain.timeline.fits:
                 timeline = simulate(problem, plain.schedule)
-                if timeline.makespan <= floor * self.unit * (1 + 1e-9) + 1e-9:
+                if timeline.makespan <= floor * self.unit + TOLERANCE_MS * max(1.0, timeline.makespan):
                     self.bound = floor
                     return self.result(SolveStatus.OPTIMAL, plain.schedule, timeline, plain.objective_ms)
                 if hint_timeline is None or not hint_timeline.fits or timeline.makespan < hint_timeline.makespan:
@@ -256,7 +256,7 @@ class _Search:
         return self.result(status, hint, hint_timeline, None)
 
     def proves(self, timeline: Timeline) -> bool:
-        return timeline.makespan <= self.bound * self.unit * (1 + 1e-9) + 1e-9
+        return timeline.makespan <= self.bound * self.unit + TOLERANCE_MS * max(1.0, timeline.makespan)
 
     def result(self, status, schedule, timeline, objective_ms) -> SolveResult:
         # The bound is proven for durations rounded up by at most ``rounding``; shrunk by that much
