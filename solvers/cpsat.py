@@ -11,10 +11,11 @@ The model, in integer units of a ``Grid`` (timegrid.py):
   per device;
 - per (stage, microbatch) a literal ``offloaded``; when true an OFFLOAD interval after F and a
   RELOAD after it that ends before B; one no-overlap per D2H and per H2D channel;
-- memory as a cumulative per device over what each activation holds (DESIGN.md): from F's
-  start to B's end (activation - weight part) and to W's end (weight part); offloaded, from
-  F's start to the offload's end and from the reload's start to B's and W's ends. Host memory
-  likewise when ``host_budget`` could bind;
+- memory as a cumulative per device over the holds of semantics.holds, one interval each,
+  for both offload cases (the literal picks one): from F's start to B's end (activation -
+  weight part) and to W's end (weight part); offloaded, from F's start to the offload's end
+  and from the reload's start to B's and W's ends. Host memory likewise when ``host_budget``
+  could bind;
 - ASAP consistency. The simulator starts every op as soon as its dependencies, its device's
   previous op and its issue point allow; it never waits for memory. A solution that delays an
   F on purpose (to let an offload free memory first) would re-simulate with an earlier F and
@@ -28,11 +29,14 @@ The model, in integer units of a ``Grid`` (timegrid.py):
   are live, so labels can be exchanged); with offload it is the usual restriction, and
   "optimal" means optimal among microbatch-ordered schedules.
 
-When transfers are not whole units (timegrid.py) they are rounded up and no compute op and no
-reload may start *because* a transfer ended: then compute times and reload starts re-simulate
-exactly and every free happens no later than the model says, so the simulated peak is at most
-the model's. That restriction makes the solver's bound unsafe, so it is reported only for exact
-grids.
+What an op waits for, how long it runs and what it holds are compiler/semantics.py's; the
+model only rounds durations up to its grid. On an exact grid (timegrid.py) the simulator
+reproduces the model's times to the last digit. On a rounded one the simulator runs no op
+later than the model and none earlier by more than the grid's slack, and a transfer's release
+is held that much longer in the cumulative: the simulated makespan is at most the objective
+and the simulated peak at most the model's (timegrid.py proves both). That margin makes the
+solver's bound unsafe, so it is reported only for exact grids. ``check_solution`` re-simulates
+every answer and raises ``InternalError`` if the two ever disagree.
 
 The same model decides a window of a schedule for lns.py: a ``Scope`` names the ops it places;
 ops before the window keep their times, the ops of the next few windows keep their list order
@@ -604,8 +608,10 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     proves = grid.exact and model.memory_exact
     # solve
     callback = _Progress(grid, began, on_progress, analytic, proves)
+    # Probing pays for proofs; a rounded grid proves nothing, and its long horizons make probing
+    # take seconds before the first solution (even a complete hint's).
     solver, code = solve_model(model, time_limit_s=time_limit_s - (time.monotonic() - began), seed=seed,
-                               workers=workers, callback=callback)
+                               workers=workers, callback=callback, light_presolve=not proves)
     elapsed = time.monotonic() - began
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         proven_empty = code == cp_model.INFEASIBLE and hinted is None and proves
