@@ -168,7 +168,9 @@ def waits(problem: Problem, op: Op, *, fused_above: bool = False, offloaded: boo
     """The data an op waits for, with lags.
 
     ``fused_above``: the backward of (s+1, i) is one BW op rather than B and W. ``offloaded``:
-    the op's (stage, microbatch) goes to the host, so its backward waits for the reload.
+    the op's (stage, microbatch) goes to the host, so its backward waits for the reload. Every
+    wait is on the op's own microbatch, and so is every hold: callers may ask once per (kind,
+    stage) and substitute the microbatch (the simulator does).
     """
     s, i, kind = op.stage, op.microbatch, op.kind
     if kind is _F:

@@ -84,6 +84,19 @@ def test_holds_begin_at_a_start_end_at_an_end_and_balance(fused, offloaded):
     assert total == {Place.DEVICE: 0, Place.HOST: 0}  # every byte taken is given back
 
 
+def test_waits_and_holds_stay_within_one_microbatch():
+    # the simulator asks once per (kind, stage) and substitutes the microbatch
+    problem = uniform_problem(2, 3, v=2, p2p=0.5, offload=Offload(True, 1e5, 1e5, 10**6))
+    for kind in OpKind:
+        for s in range(problem.stages):
+            for fused in (False, True):
+                for offloaded in (False, True):
+                    mine = waits(problem, Op(kind, s, 2), fused_above=fused, offloaded=offloaded)
+                    assert all(w.op.microbatch == 2 for w in mine)
+                    kept = holds(problem, s, 2, fused=fused, offloaded=offloaded)
+                    assert all(h.begins.op.microbatch == h.ends.op.microbatch == 2 for h in kept)
+
+
 def test_a_fused_backward_waits_for_the_fused_op_above():
     problem = uniform_problem(2, 2)
     assert waits(problem, Op(BW, 0, 0), fused_above=True)[0].op == Op(BW, 1, 0)
