@@ -33,7 +33,7 @@ from typing import Callable
 from optpipe.compiler.errors import InternalError, SolverError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import TRANSFER_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS, instant
+from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, effects, instant
 from optpipe.compiler.simulate import Timeline, simulate
 
 from .decode import schedule_from_starts
@@ -354,14 +354,15 @@ def _overflowing_events(timeline: Timeline) -> set[Op]:
             over.update(t.op for t in timeline.timings if t.device == device
                         and t.op.kind in (OpKind.F, OpKind.RELOAD) and _at(t.start) in times)
     if problem.offload.enabled:
-        act = problem.memory.activation
         for device in range(problem.devices):
-            events = []
+            events = []  # the host's side of each transfer (semantics.effects), as the simulator replays it
             for t in timeline.timings:
-                if t.device == device and t.op.kind is OpKind.OFFLOAD:
-                    events.append((_at(t.start), 1, act[t.op.stage], t.op))
-                elif t.device == device and t.op.kind is OpKind.RELOAD:
-                    events.append((_at(t.end), 0, -act[t.op.stage], t.op))
+                if t.device != device or t.op.kind not in TRANSFER_KINDS:
+                    continue
+                for effect in effects(problem, t.op, offloaded=True):
+                    if effect.place is Place.HOST:
+                        at_end = effect.at is At.END
+                        events.append((_at(t.end if at_end else t.start), 0 if at_end else 1, effect.delta, t.op))
             held = 0
             for _, _, delta, op in sorted(events):
                 held += delta

@@ -38,7 +38,7 @@ import pulp
 from optpipe.compiler.errors import ScheduleError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import duration_ms, holds, waits
+from optpipe.compiler.semantics import Place, duration_ms, holds, waits
 from optpipe.compiler.simulate import start_times
 
 from .timegrid import MILP_MAX_UNITS, Grid, choose_grid
@@ -253,6 +253,12 @@ class _Builder:
         self.items_on = [[(s, i) for s in self.problem.pipeline.stages_on(d) for i in range(self.problem.microbatches)]
                          for d in range(self.problem.devices)]
         self.unit = max(self.problem.memory.activation) or 1  # memory rows in units of the largest activation
+        # per stage, in those units: what F (or a reload) takes on the device, what an offload takes
+        # on the host (semantics.holds)
+        stages = range(self.problem.stages)
+        self.taken = [sum(h.bytes for h in holds(self.problem, s, 0, fused=not data.split)) / self.unit for s in stages]
+        self.hosted = [sum(h.bytes for h in holds(self.problem, s, 0, offloaded=True) if h.place is Place.HOST)
+                       / self.unit for s in stages]
 
     # ----------------------------------------------------------------- helpers
 
@@ -391,7 +397,7 @@ class _Builder:
     def forward_events(self) -> None:
         """Device memory at every F start: ordering variables for compute, relief for transfers."""
         data, memory = self.data, self.problem.memory
-        act = [a / self.unit for a in memory.activation]
+        act = self.taken
         budget = memory.budget / self.unit
         for device in range(self.problem.devices):
             items = self.items_on[device]
@@ -422,7 +428,7 @@ class _Builder:
     def reload_events(self) -> None:
         """Device memory at every RELOAD start (only binding when the item is offloaded)."""
         data, memory = self.data, self.problem.memory
-        act = [a / self.unit for a in memory.activation]
+        act = self.taken
         budget = memory.budget / self.unit
         for device in range(self.problem.devices):
             items = self.items_on[device]
@@ -468,7 +474,7 @@ class _Builder:
         """Host memory at every OFFLOAD start, where it grows; skipped when every activation fits."""
         data, memory = self.data, self.problem.memory
         host_budget = self.problem.offload.host_budget / self.unit
-        act = [a / self.unit for a in memory.activation]
+        act = self.hosted
         for device in range(self.problem.devices):
             items = self.items_on[device]
             if sum(act[s] for s, _ in items) <= host_budget + 1e-9:

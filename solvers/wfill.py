@@ -17,7 +17,7 @@ from collections import deque
 from optpipe.compiler.errors import InternalError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS, Place, duration_ms, effects, waits
+from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, duration_ms, effects, waits
 
 __all__ = ["fill_with_w"]
 
@@ -49,7 +49,6 @@ def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = N
     pending: list[deque[tuple[float, Op]]] = [deque() for _ in range(pipe.devices)]  # (ready, W)
     end: dict[Op, float] = {}
     out: list[list[Op]] = [[] for _ in range(pipe.devices)]
-    act = problem.memory.activation
     # A device's memory changes at its own F starts and B, W ends, which come in time order, and
     # an F starts no earlier than the device is free: what it holds then is a running sum of
     # the ops' device effects (semantics.effects; transfers are dropped, so nothing is offloaded).
@@ -64,6 +63,10 @@ def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = N
                 return None
             at = max(at, e + wait.lag_ms)
         return at
+
+    def taken(op: Op) -> int:
+        """What the op takes on the device at its start."""
+        return sum(e.delta for e in effects(problem, op) if e.place is Place.DEVICE and e.at is At.START)
 
     def run(d: int, op: Op, start: float) -> None:
         finish = start + duration_ms(problem, op)
@@ -96,7 +99,7 @@ def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = N
             run(d, w, free[d])
             start = max(free[d], r)
         if memory_cap is not None and op.kind is _F:
-            while pending[d] and held[d] + act[op.stage] > memory_cap:
+            while pending[d] and held[d] + taken(op) > memory_cap:
                 run(d, pending[d].popleft()[1], free[d])
         run(d, op, max(free[d], r))
         position[d] += 1
