@@ -185,6 +185,8 @@ class _Search:
                 schedule = _decode(model, run.values, self.solver)
                 timeline = simulate(problem, schedule)
                 objective_ms = round(run.objective) * self.unit
+                if not model.tight:  # relaxed: its ops may wait where the simulator's would not
+                    objective_ms = self.model_makespan(schedule) * self.unit
                 verdict = "fits" if timeline.fits else "breaks the budget"
                 self.report(timeline.makespan if timeline.fits else None,
                             f"round {round_number}: {run.status} at {objective_ms:g} ms, simulated "
@@ -218,6 +220,12 @@ class _Search:
                 break
             start = _valid_start(mm, model, hint, hint_timeline)
         return ("found", best) if best is not None else None
+
+    def model_makespan(self, schedule: Schedule) -> int:
+        """The schedule's makespan in the model's units, every op as soon as it may (the simulator's
+        rule with the model's durations): what the exact model says of it."""
+        times = self.mm.unit_times(self.data, schedule)
+        return max(t + self.data.duration[op] for op, t in times.items())
 
     def model_with_start(self, hint, hint_timeline, *, asap: bool, floor: int = 0):
         """The model, searching makespans up to the hint's when the hint is a solution of it."""
