@@ -14,6 +14,7 @@ __all__ = [
     "SolverError",
     "InfeasibleError",
     "PlanError",
+    "InternalError",
 ]
 
 
@@ -52,3 +53,14 @@ class InfeasibleError(SolverError):
 
 class PlanError(OptpipeError):
     """A plan file is damaged, foreign, or describes a program that cannot run."""
+
+
+class InternalError(SolverError):
+    """A fault of optpipe itself (a model and the simulator disagree): never the user's doing.
+
+    Compile catches it, drops the answer with a warning and returns the best verified schedule;
+    anywhere else the command line prints it with a request to report it.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(f"internal: {message}; please report this problem")

@@ -36,12 +36,13 @@ from collections import defaultdict
 from .problem import Problem, dumps_problem
 from .program import Instruction, Opcode, PlanHeader, Program
 from .schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from .semantics import TOLERANCE_MS
 from .simulate import simulate
 
 __all__ = ["lower", "raise_schedule", "problem_hash", "header_for"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
-_EPS = 1e-9  # ms; the simulator rounds event times to 1e-9
+_EPS = TOLERANCE_MS  # the simulator treats times this close as one instant
 
 
 def problem_hash(problem: Problem) -> bytes:

@@ -1,7 +1,7 @@
 """The simulator: the one judge of every schedule, heuristic or solved.
 
-``simulate(problem, schedule)`` times every op under DESIGN.md's semantics (earliest start
-given dependencies, device order and channel order), then replays memory on each device and
+``simulate(problem, schedule)`` times every op under the semantics of
+``semantics.py`` (earliest start given its waits, device order and channel order), then replays memory on each device and
 on its host. Invalid schedules raise ``ScheduleError`` naming the op and the rule it breaks.
 """
 
@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Callable
 
 from .errors import ScheduleError
 from .problem import Problem
 from .schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from .semantics import CHANNEL, At, Channel, Place, duration_ms, effects, instant, waits
 from .units import format_size
 
-__all__ = ["OpTiming", "Timeline", "simulate", "describe_fit", "op_duration"]
+__all__ = ["OpTiming", "Timeline", "simulate", "start_times", "describe_fit", "op_duration"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 
@@ -96,19 +98,8 @@ class Timeline:
 
 
 def op_duration(problem: Problem, op: Op) -> float:
-    """Milliseconds; transfers take bytes over the channel's bandwidth."""
-    costs, kind, s = problem.costs, op.kind, op.stage
-    if kind is _F:
-        return costs.forward[s]
-    if kind is _B:
-        return costs.backward_input[s]
-    if kind is _W:
-        return costs.backward_weight[s]
-    if kind is _BW:
-        return costs.backward_input[s] + costs.backward_weight[s]
-    if kind is _OFF:
-        return problem.offload_ms(s)
-    return problem.reload_ms(s)
+    """Milliseconds (semantics.duration_ms; kept here for callers that time ops)."""
+    return duration_ms(problem, op)
 
 
 def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]]:
@@ -171,68 +162,86 @@ def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]
     return where
 
 
-def simulate(problem: Problem, schedule: Schedule) -> Timeline:
-    where = _check_ops(problem, schedule)
-    pipe = problem.pipeline
-    last_stage = pipe.stages - 1
-    device_of = [pipe.device_of(s) for s in range(pipe.stages)]
-    p2p = problem.costs.p2p
+def _graph(problem: Problem, schedule: Schedule) -> tuple[list[Op], list[int], list[list[tuple[int, float]]]]:
+    """Nodes in (device, position) order and, per node, (predecessor node, lag ms).
 
-    # Nodes in (device, position) order; preds[n] = list of (pred node, lag, why).
+    The data waits are the op's (semantics.py); the schedule adds the device order of compute
+    ops, the issue point of a transfer (the compute op listed before it) and channel order.
+    """
+    where = _check_ops(problem, schedule)
     ops: list[Op] = []
     node_device: list[int] = []
     for device, device_ops in enumerate(schedule.devices):
         ops.extend(device_ops)
         node_device.extend([device] * len(device_ops))
     index = {op: n for n, op in enumerate(ops)}
-    count = len(ops)
-    preds: list[list[tuple[int, float]]] = [[] for _ in range(count)]
-    duration = [op_duration(problem, op) for op in ops]
-
+    preds: list[list[tuple[int, float]]] = [[] for _ in ops]
+    rules = _Rules(problem, where)
     n = 0
-    for device, device_ops in enumerate(schedule.devices):
-        last_compute = last_off = last_rel = -1
+    for device_ops in schedule.devices:
+        last: dict[Channel, int] = {}
         for op in device_ops:
-            kind = op.kind
             mine = preds[n]
-            if kind in COMPUTE_KINDS:
-                if last_compute >= 0:
-                    mine.append((last_compute, 0.0))
-                last_compute = n
-            else:
-                if last_compute >= 0:
-                    mine.append((last_compute, 0.0))  # issued once the compute listed before it has ended
-                if kind is _OFF:
-                    if last_off >= 0:
-                        mine.append((last_off, 0.0))
-                    last_off = n
-                else:
-                    if last_rel >= 0:
-                        mine.append((last_rel, 0.0))
-                    last_rel = n
-            s, i = op.stage, op.microbatch
-            if kind is _F:
-                if s > 0:
-                    mine.append((index[Op(_F, s - 1, i)], p2p if device_of[s - 1] != device else 0.0))
-            elif kind is _B or kind is _BW:
-                if s == last_stage:
-                    mine.append((index[Op(_F, s, i)], 0.0))
-                else:
-                    up = index.get(Op(_B, s + 1, i))
-                    if up is None:
-                        up = index[Op(_BW, s + 1, i)]
-                    mine.append((up, p2p if device_of[s + 1] != device else 0.0))
-                rel = index.get(Op(_REL, s, i))
-                if rel is not None:
-                    mine.append((rel, 0.0))
-            elif kind is _W:
-                mine.append((index[Op(_B, s, i)], 0.0))
-            elif kind is _OFF:
-                mine.append((index[Op(_F, s, i)], 0.0))
-            else:
-                mine.append((index[Op(_OFF, s, i)], 0.0))
+            channel = CHANNEL[op.kind]
+            if Channel.COMPUTE in last:
+                mine.append((last[Channel.COMPUTE], 0.0))  # device order, or a transfer's issue point
+            if channel is not Channel.COMPUTE and channel in last:
+                mine.append((last[channel], 0.0))
+            last[channel] = n
+            i = op.microbatch
+            for kind, stage, lag in rules.waits(op):
+                mine.append((index[Op(kind, stage, i)], lag))
             n += 1
+    return ops, node_device, preds
 
+
+class _Rules:
+    """semantics.py's answers for one schedule, asked once per (kind, stage, case): the simulator
+    is hot, and an op's waits and effects depend on its microbatch only through its own index."""
+
+    def __init__(self, problem: Problem, present):
+        self.problem = problem
+        self.fused = {(op.stage, op.microbatch) for op in present if op.kind is _BW}
+        self.offloaded = {(op.stage, op.microbatch) for op in present if op.kind is _OFF}
+        self._waits: dict = {}
+        self._effects: dict = {}
+
+    def waits(self, op: Op) -> tuple[tuple[OpKind, int, float], ...]:
+        s, i = op.stage, op.microbatch
+        key = (op.kind, s, (s + 1, i) in self.fused, (s, i) in self.offloaded)
+        rule = self._waits.get(key)
+        if rule is None:
+            rule = self._waits[key] = tuple(
+                (w.op.kind, w.op.stage, w.lag_ms)
+                for w in waits(self.problem, Op(op.kind, s, 0), fused_above=key[2], offloaded=key[3]))
+        return rule
+
+    def effects(self, op: Op) -> tuple[tuple[Place, bool, int], ...]:
+        """(place, at the end?, bytes taken (+) or released (-))."""
+        pair = (op.stage, op.microbatch)
+        key = (op.kind, op.stage, pair in self.fused, pair in self.offloaded)
+        rule = self._effects.get(key)
+        if rule is None:
+            rule = self._effects[key] = tuple(
+                (e.place, e.at is At.END, e.delta)
+                for e in effects(self.problem, Op(op.kind, op.stage, 0), fused=key[2], offloaded=key[3]))
+        return rule
+
+
+def start_times(problem: Problem, schedule: Schedule, measure: Callable[[float], float]) -> dict[Op, float]:
+    """Each op's start under the simulator's rule, with every duration and lag passed through
+    ``measure`` first: ``measure=grid.up`` gives a schedule's times in a model's units."""
+    ops, node_device, preds = _graph(problem, schedule)
+    duration = [measure(duration_ms(problem, op)) for op in ops]
+    scaled = [[(p, measure(lag)) for p, lag in mine] for mine in preds]
+    start, _ = _longest_paths(ops, node_device, scaled, duration)
+    return dict(zip(ops, start))
+
+
+def simulate(problem: Problem, schedule: Schedule) -> Timeline:
+    ops, node_device, preds = _graph(problem, schedule)
+    count = len(ops)
+    duration = [duration_ms(problem, op) for op in ops]
     start, end = _longest_paths(ops, node_device, preds, duration)
     timings = tuple(OpTiming(ops[k], node_device[k], start[k], end[k]) for k in range(count))
     first = min(start) if count else 0.0
@@ -288,42 +297,27 @@ def _describe_cycle(ops, node_device, preds, indegree) -> str:
 
 
 def _replay_memory(problem: Problem, schedule: Schedule, timings, makespan: float, first: float) -> Timeline:
-    memory = problem.memory
-    act, keep = memory.activation, memory.weight_activation
+    """Each op's memory effects (semantics.effects: holds taken at starts, released at ends)
+    become events at its times; at one instant releases come before allocations."""
     devices = problem.devices
-    events: list[list[tuple[float, int, int]]] = [[] for _ in range(devices)]  # (time, order, delta)
-    host: list[list[tuple[float, int, int]]] = [[] for _ in range(devices)]
+    events = {Place.DEVICE: [[] for _ in range(devices)], Place.HOST: [[] for _ in range(devices)]}
     busy = [0.0] * devices
-    offloaded = schedule.offloaded
+    rules = _Rules(problem, [t.op for t in timings])
     for t in timings:
-        op, d = t.op, t.device
-        kind, s = op.kind, op.stage
-        e = events[d]
-        if kind is _F:
-            e.append((round(t.start, 9), 1, act[s]))
-            busy[d] += t.end - t.start
-        elif kind is _B:
-            e.append((round(t.end, 9), 0, keep[s] - act[s]))
-            busy[d] += t.end - t.start
-        elif kind is _W:
-            e.append((round(t.end, 9), 0, -keep[s]))
-            busy[d] += t.end - t.start
-        elif kind is _BW:
-            e.append((round(t.end, 9), 0, -act[s]))
-            busy[d] += t.end - t.start
-        elif kind is _OFF:
-            e.append((round(t.end, 9), 0, -act[s]))
-            host[d].append((round(t.start, 9), 1, act[s]))
-        else:
-            e.append((round(t.start, 9), 1, act[s]))
-            host[d].append((round(t.end, 9), 0, -act[s]))
+        if t.op.kind in COMPUTE_KINDS:
+            busy[t.device] += t.end - t.start
+        for place, at_end, delta in rules.effects(t.op):
+            if at_end:
+                events[place][t.device].append((instant(t.end), 0, delta))
+            else:
+                events[place][t.device].append((instant(t.start), 1, delta))
     curves, peaks, peak_times, host_peaks = [], [], [], []
     for d in range(devices):
-        curve, peak, when = _curve(events[d])
+        curve, peak, when = _curve(events[Place.DEVICE][d])
         curves.append(curve)
         peaks.append(peak)
         peak_times.append(when - first if curve else 0.0)
-        host_peaks.append(_curve(host[d])[1])
+        host_peaks.append(_curve(events[Place.HOST][d])[1])
     return Timeline(
         problem=problem,
         schedule_name=schedule.name,

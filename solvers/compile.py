@@ -5,8 +5,10 @@
    where the plain ones do not.
 3. Run the chosen solver from the best warm start: CP-SAT on the whole problem when it is small,
    the window search (lns.py) otherwise; or the MILP; or return the named heuristic.
-4. Return the fastest fitting schedule seen, as the simulator times it: never slower than the
-   baseline. When nothing fits, raise ``InfeasibleError`` with the smallest budget at which a
+4. Re-simulate the solver's answer: one that breaks a budget, or a solver that fails inside
+   (``InternalError``), is dropped with a warning in the report, never shown to the user as an
+   error. Return the fastest fitting schedule seen, as the simulator times it: never slower than
+   the baseline. When nothing fits, raise ``InfeasibleError`` with the smallest budget at which a
    schedule was found and the proven memory lower bound.
 """
 
@@ -16,10 +18,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from optpipe.compiler.errors import InfeasibleError, NotApplicable, SolverError
+from dataclasses import replace
+
+from optpipe.compiler.errors import InfeasibleError, InternalError, NotApplicable, SolverError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Schedule
-from optpipe.compiler.simulate import Timeline
+from optpipe.compiler.semantics import TOLERANCE_MS
+from optpipe.compiler.simulate import Timeline, describe_fit, simulate
 from optpipe.compiler.units import format_size
 
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
@@ -30,7 +35,7 @@ from .warmstart import Candidate, best_candidate, warm_starts
 __all__ = ["SOLVERS", "Compiled", "compile_problem", "exact_model_fits"]
 
 SOLVERS = ("cpsat", "milp-highs", "milp-cbc")  # and "heuristic:NAME"
-_EPS = 1e-6
+_EPS = TOLERANCE_MS
 # The full CP-SAT model has literals quadratic in a device's ops; above this many compute ops per
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
@@ -53,6 +58,7 @@ class Compiled:
     start: str  # the warm start the solver began from
     note: str  # what happened, in words
     resolution_ms: float | None = None  # the exact model's time unit, when one ran
+    warnings: tuple[str, ...] = ()  # solver answers that were dropped, and why
 
     @property
     def makespan_ms(self) -> float:
@@ -81,6 +87,7 @@ class Compiled:
             "baseline_name": self.baseline.name if self.baseline else None,
             "baseline_makespan_ms": base.makespan if base else None,
             "busiest_compute_ms": self.timeline.busiest_compute,
+            "warnings": list(self.warnings),
         }
 
 
@@ -107,7 +114,9 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))
     left = max(0.0, time_limit_s - (time.monotonic() - began))
     meets_bound = start is not None and start.timeline.makespan <= bound.value + _EPS
-    result = None if meets_bound else _run(problem, solver, start, left, seed, workers, on_progress, bound)
+    warnings: list[str] = []
+    result = None if meets_bound else _verified(problem, solver, warnings, lambda: _run(
+        problem, solver, start, left, seed, workers, on_progress, bound))
     elapsed = time.monotonic() - began
     chosen = _better(result, start)
     if chosen is None:
@@ -118,7 +127,28 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     lower = min(lower, timeline.makespan)
     status, note = _verdict(result, start, name, timeline, lower, baseline)
     return Compiled(problem, solver, status, schedule, timeline, lower, reason, elapsed, baseline,
-                    start.name if start else "-", note, result.resolution_ms if result else None)
+                    start.name if start else "-", note, result.resolution_ms if result else None, tuple(warnings))
+
+
+def _verified(problem: Problem, solver: str, warnings: list[str], run: Callable[[], SolveResult | None]):
+    """The solver's result with its schedule re-simulated; without a schedule that breaks a budget.
+
+    A solver that fails inside (``InternalError``) leaves no result. Either way a warning says
+    what was dropped: compile goes on with the best verified schedule it has.
+    """
+    try:
+        result = run()
+    except InternalError as error:
+        warnings.append(f"{solver}'s answer was dropped: {error}")
+        return None
+    if result is None or result.schedule is None:
+        return result
+    timeline = simulate(problem, result.schedule)
+    if not timeline.fits:
+        warnings.append(f"{solver}'s schedule was dropped: it re-simulates over the budget ({describe_fit(timeline)}, "
+                        f"host peak {max(timeline.host_peak)} bytes); please report this problem")
+        return replace(result, schedule=None, timeline=None, status=SolveStatus.NO_IMPROVEMENT, lower_bound_ms=0.0)
+    return replace(result, timeline=timeline)
 
 
 def _check_solver(solver: str) -> None:

@@ -11,10 +11,11 @@ The model, in integer units of a ``Grid`` (timegrid.py):
   per device;
 - per (stage, microbatch) a literal ``offloaded``; when true an OFFLOAD interval after F and a
   RELOAD after it that ends before B; one no-overlap per D2H and per H2D channel;
-- memory as a cumulative per device over what each activation holds (DESIGN.md): from F's
-  start to B's end (activation - weight part) and to W's end (weight part); offloaded, from
-  F's start to the offload's end and from the reload's start to B's and W's ends. Host memory
-  likewise when ``host_budget`` could bind;
+- memory as a cumulative per device over the holds of semantics.holds, one interval each,
+  for both offload cases (the literal picks one): from F's start to B's end (activation -
+  weight part) and to W's end (weight part); offloaded, from F's start to the offload's end
+  and from the reload's start to B's and W's ends. Host memory likewise when ``host_budget``
+  could bind;
 - ASAP consistency. The simulator starts every op as soon as its dependencies, its device's
   previous op and its issue point allow; it never waits for memory. A solution that delays an
   F on purpose (to let an offload free memory first) would re-simulate with an earlier F and
@@ -28,11 +29,14 @@ The model, in integer units of a ``Grid`` (timegrid.py):
   are live, so labels can be exchanged); with offload it is the usual restriction, and
   "optimal" means optimal among microbatch-ordered schedules.
 
-When transfers are not whole units (timegrid.py) they are rounded up and no compute op and no
-reload may start *because* a transfer ended: then compute times and reload starts re-simulate
-exactly and every free happens no later than the model says, so the simulated peak is at most
-the model's. That restriction makes the solver's bound unsafe, so it is reported only for exact
-grids.
+What an op waits for, how long it runs and what it holds are compiler/semantics.py's; the
+model only rounds durations up to its grid. On an exact grid (timegrid.py) the simulator
+reproduces the model's times to the last digit. On a rounded one the simulator runs no op
+later than the model and none earlier by more than the grid's slack, and a transfer's release
+is held that much longer in the cumulative: the simulated makespan is at most the objective
+and the simulated peak at most the model's (timegrid.py proves both). That margin makes the
+solver's bound unsafe, so it is reported only for exact grids. ``check_solution`` re-simulates
+every answer and raises ``InternalError`` if the two ever disagree.
 
 The same model decides a window of a schedule for lns.py: a ``Scope`` names the ops it places;
 ops before the window keep their times, the ops of the next few windows keep their list order
@@ -50,10 +54,11 @@ from typing import Callable, Mapping
 
 from ortools.sat.python import cp_model
 
-from optpipe.compiler.errors import SolverError
+from optpipe.compiler.errors import InternalError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule, parse_op
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, duration_ms, holds, waits
+from optpipe.compiler.simulate import Timeline, simulate, start_times
 
 from .bounds import data_paths, makespan_lower_bound
 from .decode import schedule_from_starts
@@ -110,7 +115,6 @@ class Model:
         pipe = problem.pipeline
         self.S, self.m, self.P = pipe.stages, pipe.microbatches, pipe.devices
         self.device_of = [pipe.device_of(s) for s in range(self.S)]
-        self.lag = grid.units(problem.costs.p2p)
         self.dur = self._durations()
         self.cp = cp_model.CpModel()
         self.start: dict[Op, cp_model.IntVar] = {}
@@ -134,16 +138,9 @@ class Model:
     # ------------------------------------------------------------- data helpers
 
     def _durations(self) -> dict[tuple[OpKind, int], int]:
-        costs, grid, problem = self.problem.costs, self.grid, self.problem
-        dur = {}
-        for s in range(self.S):
-            dur[(_F, s)] = grid.units(costs.forward[s])
-            dur[(_B, s)] = grid.units(costs.backward_input[s])
-            dur[(_W, s)] = grid.units(costs.backward_weight[s])
-            if problem.offload.enabled:
-                dur[(_OFF, s)] = grid.up(problem.offload_ms(s))
-                dur[(_REL, s)] = grid.up(problem.reload_ms(s))
-        return dur
+        """Units per (kind, stage): semantics.duration_ms rounded up (timegrid.py says why)."""
+        kinds = _COMPUTE + ((_OFF, _REL) if self.problem.offload.enabled else ())
+        return {(kind, s): self.grid.up(duration_ms(self.problem, Op(kind, s, 0))) for kind in kinds for s in range(self.S)}
 
     def d(self, op: Op) -> int:
         return self.dur[(op.kind, op.stage)]
@@ -171,23 +168,10 @@ class Model:
         start = self.start_of(op)
         return None if start is None else start + self.d(op)
 
-    def lag_between(self, a: int, b: int) -> int:
-        return self.lag if self.device_of[a] != self.device_of[b] else 0
-
     def data_preds(self, op: Op) -> list[tuple[Op, int]]:
-        """(predecessor, lag) that every order must respect."""
-        s, i = op.stage, op.microbatch
-        if op.kind is _F:
-            return [(Op(_F, s - 1, i), self.lag_between(s - 1, s))] if s > 0 else []
-        if op.kind is _B:
-            if s == self.S - 1:
-                return [(Op(_F, s, i), 0)]
-            return [(Op(_B, s + 1, i), self.lag_between(s + 1, s))]
-        if op.kind is _W:
-            return [(Op(_B, s, i), 0)]
-        if op.kind is _OFF:
-            return [(Op(_F, s, i), 0)]
-        return [(Op(_OFF, s, i), 0)]
+        """(predecessor, lag units) that every order must respect: semantics.waits, split backward;
+        a B's wait for its reload depends on the offload literal and is added where it is used."""
+        return [(wait.op, self.grid.up(wait.lag_ms)) for wait in waits(self.problem, op)]
 
     def presence(self, pair: tuple[int, int]):
         """True, False, or the literal of an open pair."""
@@ -202,7 +186,7 @@ class Model:
         paths = data_paths(self.problem)
         for op in sorted(scope.compute):
             d, i = self.d(op), op.microbatch
-            head = self.grid.units(paths.head[(op.kind, op.stage)])
+            head = self.grid.down(paths.head[(op.kind, op.stage)])
             lo = head + i * self.dur[(op.kind, op.stage)]  # FIFO: i earlier ops of this chain, one device
             floor = self.floor[self.device_of[op.stage]]
             if floor is not None:
@@ -210,13 +194,13 @@ class Model:
             if scope.window:
                 hi = self.horizon - d
             else:
-                hi = self.horizon - self.grid.units(paths.tail[(op.kind, op.stage)]) - (m - i) * d
+                hi = self.horizon - self.grid.down(paths.tail[(op.kind, op.stage)]) - (m - i) * d
             self._new(op, lo, max(lo, hi))
         for op in sorted(self.following):
             device = self.device_of[op.stage]
             lo = self.floor[device][1] if self.floor[device] else 0
             if op.kind in _COMPUTE:
-                lo = max(lo, self.grid.units(paths.head[(op.kind, op.stage)]) + op.microbatch * self.d(op))
+                lo = max(lo, self.grid.down(paths.head[(op.kind, op.stage)]) + op.microbatch * self.d(op))
             self._new(op, lo, max(lo, self.horizon - self.d(op)))
         for pair in sorted(scope.open_pairs):
             self.offloaded[pair] = self.cp.new_bool_var(f"x{pair[0]}:{pair[1]}")
@@ -337,6 +321,8 @@ class Model:
         last = self.end_of(end[0]) if end[1] else self.start_of(end[0])
         if first is None or present is False:
             return None
+        if last is not None and end[1] and end[0].kind in (_OFF, _REL):
+            last = last + self.grid.slack  # a transfer's release is kept late enough for any rounding (timegrid.py)
         if last is None:
             last, end = self.horizon, None
         if isinstance(first, int) and isinstance(last, int):
@@ -344,59 +330,55 @@ class Model:
                 return None
             size = last - first
         else:
-            size = self.cp.new_int_var(0, self.horizon, f"len_{name}")
+            size = self.cp.new_int_var(0, self.horizon + self.grid.slack, f"len_{name}")
             self.sizes.append((size, start, end, (start[0].stage, start[0].microbatch), when))
         if present is True:
             return self.cp.new_interval_var(first, size, last, name)
         return self.cp.new_optional_interval_var(first, size, last, present, name)
 
     def _memory(self) -> None:
+        """Per device a cumulative over every hold of semantics.holds, in both offload cases."""
         problem, memory = self.problem, self.problem.memory
-        act, keep = memory.activation, memory.weight_activation
+        act = memory.activation
         scale, self.memory_exact = self._memory_scale()
         up = lambda b: -(-b // scale)  # noqa: E731  (demands round up, capacity down: safe)
         host_binds = problem.offload.enabled and any(
             self.m * sum(act[s] for s in problem.pipeline.stages_on(d)) > problem.offload.host_budget
             for d in range(self.P))
         for d in range(self.P):
-            held, demands, host, host_demands = [], [], [], []
+            used = {Place.DEVICE: ([], []), Place.HOST: ([], [])}
             for s in problem.pipeline.stages_on(d):
                 for i in range(self.m):
-                    f, b, w = Op(_F, s, i), Op(_B, s, i), Op(_W, s, i)
-                    off, rel = Op(_OFF, s, i), Op(_REL, s, i)
-                    if self.start_of(f) is None:
+                    if self.start_of(Op(_F, s, i)) is None:
                         continue
                     x = self.presence((s, i))
                     never = True if x is False else (False if x is True else ~x)
-                    for name, start, end, amount, present, when in (
-                            (f"m{s}:{i}", (f, False), (b, True), act[s] - keep[s], never, False),
-                            (f"k{s}:{i}", (f, False), (w, True), keep[s], never, False),
-                            (f"o{s}:{i}", (f, False), (off, True), act[s], x, True),
-                            (f"r{s}:{i}", (rel, False), (b, True), act[s] - keep[s], x, True),
-                            (f"q{s}:{i}", (rel, False), (w, True), keep[s], x, True)):
-                        if amount > 0 and (segment := self._segment(name, start, end, present, when)) is not None:
-                            held.append(segment)
-                            demands.append(up(amount))
-                    if host_binds and x is not False:
-                        segment = self._segment(f"h{s}:{i}", (off, False), (rel, True), x, True)
-                        if segment is not None:
-                            host.append(segment)
-                            host_demands.append(up(act[s]))
-            if held:
-                self.cp.add_cumulative(held, demands, memory.budget // scale)
-            if host:
-                self.cp.add_cumulative(host, host_demands, problem.offload.host_budget // scale)
+                    for offloaded, present in ((False, never), (True, x)):
+                        if offloaded and not problem.offload.enabled:
+                            continue
+                        for n, hold in enumerate(holds(problem, s, i, offloaded=offloaded)):
+                            if hold.place is Place.HOST and not host_binds:
+                                continue
+                            segment = self._segment(f"{'ox'[offloaded]}{n}_{s}:{i}",
+                                                    (hold.begins.op, hold.begins.at is At.END),
+                                                    (hold.ends.op, hold.ends.at is At.END), present, offloaded)
+                            if segment is not None:
+                                used[hold.place][0].append(segment)
+                                used[hold.place][1].append(up(hold.bytes))
+            for place, capacity in ((Place.DEVICE, memory.budget), (Place.HOST, problem.offload.host_budget)):
+                intervals, demands = used[place]
+                if intervals:
+                    self.cp.add_cumulative(intervals, demands, capacity // scale)
 
     def _tightness(self) -> None:
         """Every op starts at the end of something it waits for (see the module docstring)."""
-        exact = self.grid.exact
         for d in range(self.P):
             compute = self._device_ops(d, _COMPUTE)
             floor = self.floor[d]
             for op in compute:
                 reasons = list(self.data_preds(op))
                 pair = (op.stage, op.microbatch)
-                if op.kind is _B and exact and self.presence(pair) is not False:
+                if op.kind is _B and self.presence(pair) is not False:
                     reasons.append((Op(_REL, *pair), 0))
                 reasons += [(other, 0) for other in compute if other != op and self._may_end_at(other, op)]
                 if floor is not None:
@@ -409,22 +391,19 @@ class Model:
                     reasons = [(other, 0) for other in compute if self._may_end_at(other, op)]
                     if floor is not None:
                         reasons.append((floor[0], 0))
-                    if exact or kind is _OFF:
-                        reasons += self.data_preds(op)
-                        reasons += [(other, 0) for other in channel if other != op and self._may_end_at(other, op)]
-                        if (d, kind) in self.channel_floor:
-                            reasons.append((self.channel_floor[(d, kind)][0], 0))
+                    reasons += self.data_preds(op)
+                    reasons += [(other, 0) for other in channel if other != op and self._may_end_at(other, op)]
+                    if (d, kind) in self.channel_floor:
+                        reasons.append((self.channel_floor[(d, kind)][0], 0))
                     self._require_tight(op, reasons, False, self.presence((op.stage, op.microbatch)))
         for op, before in self.follow_preds.items():
             pair = (op.stage, op.microbatch)
             if op.kind in _COMPUTE:
                 reasons = list(self.data_preds(op)) + before
-                if op.kind is _B and exact and self.presence(pair) is not False:
+                if op.kind is _B and self.presence(pair) is not False:
                     reasons.append((Op(_REL, *pair), 0))
-            elif exact or op.kind is _OFF:
-                reasons = list(self.data_preds(op)) + before
             else:
-                reasons = [(pred, lag) for pred, lag in before if pred.kind in _COMPUTE]
+                reasons = list(self.data_preds(op)) + before
             self._require_tight(op, reasons, False, True)
 
     def _may_end_at(self, before: Op, op: Op) -> bool:
@@ -516,6 +495,8 @@ class Model:
             if when is None or (pair in offloaded) == when:
                 a = ends.get(first) if at_end else begins.get(first)
                 z = self.horizon if last is None else (ends.get(last[0]) if last[1] else begins.get(last[0]))
+                if z is not None and last is not None and last[1] and last[0].kind in (_OFF, _REL):
+                    z += self.grid.slack
                 value = z - a if a is not None and z is not None else 0
             self.cp.add_hint(size, max(0, value))
         if not self.scope.window:
@@ -546,18 +527,25 @@ class Model:
 # --------------------------------------------------------------------------- values of schedules
 
 
-def model_values(problem: Problem, grid: Grid, timeline: Timeline) -> tuple[dict[Op, int], frozenset]:
-    """A simulated schedule in model terms: starts in units (a fused BW becomes B then W), offloads."""
-    starts: dict[Op, int] = {}
-    for t in timeline.timings:
-        op = t.op
-        if op.kind is _BW:
-            starts[Op(_B, op.stage, op.microbatch)] = grid.units(t.start)
-            starts[Op(_W, op.stage, op.microbatch)] = grid.units(t.start + problem.costs.backward_input[op.stage])
-        else:
-            starts[op] = grid.units(t.start)
-    offloaded = frozenset((op.stage, op.microbatch) for op in starts if op.kind is _OFF)
-    return starts, offloaded
+def split_backwards(schedule: Schedule) -> Schedule:
+    """The schedule in the model's form: every fused BW becomes B then W, in place."""
+    rows = []
+    for ops in schedule.devices:
+        row: list[Op] = []
+        for op in ops:
+            if op.kind is _BW:
+                row += [Op(_B, op.stage, op.microbatch), Op(_W, op.stage, op.microbatch)]
+            else:
+                row.append(op)
+        rows.append(row)
+    return Schedule.of(schedule.name, rows)
+
+
+def model_values(problem: Problem, grid: Grid, schedule: Schedule) -> tuple[dict[Op, int], frozenset]:
+    """A schedule in model terms: its starts in units, timed by the simulator's rule with the
+    model's (rounded up) durations, so that the values satisfy the model's waits; its offloads."""
+    starts = {op: int(t) for op, t in start_times(problem, split_backwards(schedule), grid.up).items()}
+    return starts, schedule.offloaded
 
 
 # --------------------------------------------------------------------------- solve
@@ -591,7 +579,7 @@ def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | 
         solver.parameters.cp_model_probing_level = 0
     code = solver.solve(model.cp, callback)
     if code == cp_model.MODEL_INVALID:
-        raise SolverError(f"internal: the CP-SAT model is invalid ({model.cp.validate()}); please report this problem")
+        raise InternalError(f"the CP-SAT model is invalid ({model.cp.validate()})")
     return solver, code
 
 
@@ -608,19 +596,22 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     grid = choose_grid(problem, resolution_ms)
     analytic = makespan_lower_bound(problem).value
     hinted = simulate(problem, hint) if hint is not None else None
-    if hinted is not None and not hinted.fits:
-        hinted = None
-    horizon = grid.up(hinted.makespan) + 1 if hinted is not None else _safe_horizon(problem, grid)
-    lower = int(math.ceil(analytic / grid.resolution_ms - 1e-6)) if grid.exact else 0
+    values = model_values(problem, grid, hint) if hinted is not None and hinted.fits else None
+    horizon = _safe_horizon(problem, grid)
+    if values is not None:
+        horizon = max(t + grid.up(duration_ms(problem, op)) for op, t in values[0].items()) + 1
+    lower = grid.up(analytic) if grid.exact else 0
     # variables, constraints, objective
     model = Model(problem, grid, full_scope(problem), horizon, lower)
-    if hinted is not None:
-        model.hint(*model_values(problem, grid, hinted))
+    if values is not None:
+        model.hint(*values)
     proves = grid.exact and model.memory_exact
     # solve
     callback = _Progress(grid, began, on_progress, analytic, proves)
+    # Probing pays for proofs; a rounded grid proves nothing, and its long horizons make probing
+    # take seconds before the first solution (even a complete hint's).
     solver, code = solve_model(model, time_limit_s=time_limit_s - (time.monotonic() - began), seed=seed,
-                               workers=workers, callback=callback)
+                               workers=workers, callback=callback, light_presolve=not proves)
     elapsed = time.monotonic() - began
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         proven_empty = code == cp_model.INFEASIBLE and hinted is None and proves
@@ -628,7 +619,7 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
         return SolveResult("cpsat", status, None, None, None, analytic, elapsed, grid.resolution_ms)
     # read back
     starts = {op: grid.ms(t) for op, t in model.values(solver).items()}
-    schedule = schedule_from_starts(problem, "cpsat", starts)
+    schedule = schedule_from_starts(problem, "cpsat", starts, lambda op: grid.ms(model.d(op)))
     timeline = simulate(problem, schedule)
     objective = grid.ms(solver.objective_value)
     # check
@@ -640,21 +631,21 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
 
 
 def check_solution(problem: Problem, grid: Grid, timeline: Timeline, objective_ms: float) -> None:
-    """The simulator must agree with the model: the same makespan (to the rounding), within budget."""
-    slack = grid.rounding_bound_ms + 1e-6 * max(1.0, objective_ms)
-    if abs(timeline.makespan - objective_ms) > slack:
-        raise SolverError(f"internal: the CP-SAT schedule re-simulates to {timeline.makespan:.6f} ms, not the "
-                          f"model's {objective_ms:.6f} ms ({grid.describe()}); please report this problem")
+    """The simulator must agree with the model (timegrid.py): the same makespan on an exact grid,
+    no more than the objective on a rounded one, and within both budgets."""
+    tolerance = TOLERANCE_MS * max(1.0, objective_ms)
+    over = timeline.makespan - objective_ms
+    if over > tolerance or (grid.exact and -over > tolerance):
+        raise InternalError(f"the CP-SAT schedule re-simulates to {timeline.makespan:.9f} ms, not the "
+                            f"model's {objective_ms:.9f} ms ({grid.describe()})")
     if not timeline.fits:
-        raise SolverError(f"internal: the CP-SAT schedule re-simulates over the memory budget (peak "
-                          f"{timeline.peak} bytes, budget {problem.memory.budget}); please report this problem")
+        raise InternalError(f"the CP-SAT schedule re-simulates over the memory budget (peak {timeline.peak} "
+                            f"bytes, budget {problem.memory.budget}; host peak {max(timeline.host_peak)}); "
+                            f"{grid.describe()}")
 
 
 def _safe_horizon(problem: Problem, grid: Grid) -> int:
-    """Everything one after another: no schedule needs longer."""
-    costs = problem.costs
-    total = sum(costs.forward) + sum(costs.backward_input) + sum(costs.backward_weight)
-    total = total * problem.microbatches + 2 * problem.stages * problem.microbatches * costs.p2p
-    if problem.offload.enabled:
-        total += problem.microbatches * sum(problem.offload_ms(s) + problem.reload_ms(s) for s in range(problem.stages))
-    return grid.up(total) + 1
+    """Everything one after another, in the model's units: no schedule needs longer."""
+    kinds = _COMPUTE + ((_OFF, _REL) if problem.offload.enabled else ())
+    total = sum(grid.up(duration_ms(problem, Op(kind, s, 0))) for kind in kinds for s in range(problem.stages))
+    return problem.microbatches * (total + 2 * problem.stages * grid.up(problem.costs.p2p)) + 1

@@ -30,7 +30,8 @@ from ortools.sat.python import cp_model
 
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.simulate import Timeline, op_duration, simulate
+from optpipe.compiler.semantics import TOLERANCE_MS, duration_ms
+from optpipe.compiler.simulate import Timeline, simulate
 
 from .cpsat import Model, Scope, solve_model
 from .decode import schedule_from_starts
@@ -40,7 +41,7 @@ from .timegrid import Grid, choose_grid
 __all__ = ["improve", "Search"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
-_EPS = 1e-6  # ms
+_EPS = TOLERANCE_MS
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,12 @@ def _regions(timeline: Timeline, t0: float, t1: float, t2: float) -> dict[Op, in
 
 
 def _model_op(problem: Problem, grid: Grid, op: Op, start: float) -> list[tuple[Op, int]]:
-    """A schedule op in model terms, with its start in units: a fused BW is B then W."""
+    """A schedule op in model terms, with its start in units rounded up like every model time
+    (timegrid.py): a fused BW is B then W."""
     if op.kind is not _BW:
-        return [(op, grid.units(start))]
+        return [(op, grid.up(start))]
     b, w = Op(_B, op.stage, op.microbatch), Op(_W, op.stage, op.microbatch)
-    return [(b, grid.units(start)), (w, grid.units(start + problem.costs.backward_input[op.stage]))]
+    return [(b, grid.up(start)), (w, grid.up(start) + grid.up(duration_ms(problem, b)))]
 
 
 def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: float,
@@ -113,13 +115,13 @@ def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: floa
                 else:
                     window.add(op)
             elif op.kind in COMPUTE_KINDS:
-                rest[t.device] += grid.units(op_duration(problem, op))
+                rest[t.device] += grid.up(duration_ms(problem, op))
     pairs = frozenset((op.stage, op.microbatch) for op in window if op.kind is _F
                       and Op(_B, op.stage, op.microbatch) in window) if problem.offload.enabled else frozenset()
     compute = frozenset(op for op in window if op.kind in COMPUTE_KINDS)
     transfers = frozenset(op for op in window if op.kind in (_OFF, _REL) and (op.stage, op.microbatch) not in pairs)
     scope = Scope(compute=compute, open_pairs=pairs, offloaded=offloaded - pairs, transfers=transfers,
-                  fixed=fixed, t0=grid.units(t0), rest=tuple(rest), follow=tuple(tuple(ops) for ops in follow))
+                  fixed=fixed, t0=grid.down(t0), rest=tuple(rest), follow=tuple(tuple(ops) for ops in follow))
     return scope, inside
 
 

@@ -17,10 +17,11 @@ solution that fits only because an op waited is no schedule. The solver works in
    forbidden and the model is solved again (each round forbids at least one more claim, so
    the loop ends); bounds only count from models no claim was forbidden in.
 
-Times are whole units of ``resolution_ms`` with durations rounded up (by under 0.1% where the
-ladder allows): objectives are exact for those durations and the simulated makespan (exact
-durations) is never above the model's; the reported lower bound is the model's shrunk by the
-largest rounding, so it holds for the exact durations.
+Times are whole units of the shared grid (timegrid.py) with durations rounded up: objectives
+are exact for those durations and the simulated makespan (exact durations) is never above the
+model's; the reported lower bound is the model's shrunk by the largest rounding, so it holds
+for the exact durations. On a rounded grid the exact model keeps a margin around every memory
+claim, so its bound is no proof: only the relaxed model's counts then.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import math
 import time
 from typing import Callable
 
-from optpipe.compiler.errors import SolverError
+from optpipe.compiler.errors import InternalError, SolverError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import TRANSFER_KINDS, Op, OpKind, Schedule
+from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, effects, instant
 from optpipe.compiler.simulate import Timeline, simulate
 
 from .decode import schedule_from_starts
@@ -97,8 +99,8 @@ class _Search:
         self.on_progress = on_progress
         self.label = label
         self.solver = f"milp-{backend}"
-        self.data = mm.prepare(problem, mm.choose_time_scale(problem), split=split)
-        self.unit = self.data.scale.resolution_ms
+        self.data = mm.prepare(problem, mm.choose_milp_grid(problem), split=split)
+        self.unit = self.data.grid.resolution_ms
         self.bound: int | None = None  # units, proven for every schedule
 
     # ----------------------------------------------------------------- reporting
@@ -123,7 +125,7 @@ class _Search:
             plain = self.without_offload(hint)
             if plain is not None and plain.timeline.fits:
                 timeline = simulate(problem, plain.schedule)
-                if timeline.makespan <= floor * self.unit * (1 + 1e-9) + 1e-9:
+                if timeline.makespan <= floor * self.unit + TOLERANCE_MS * max(1.0, timeline.makespan):
                     self.bound = floor
                     return self.result(SolveStatus.OPTIMAL, plain.schedule, timeline, plain.objective_ms)
                 if hint_timeline is None or not hint_timeline.fits or timeline.makespan < hint_timeline.makespan:
@@ -178,11 +180,13 @@ class _Search:
             if run.values is not None:
                 broken = _violation(model.lp, lambda var: run.values[var.name])
                 if broken > _TOLERANCE:
-                    raise SolverError(f"{self.backend} returned a solution that breaks its model (by {broken:g}); "
-                                      f"this is a solver fault: try the other backend")
+                    raise InternalError(f"{self.backend} returned a solution that breaks its model (by {broken:g}); "
+                                        f"try the other backend")
                 schedule = _decode(model, run.values, self.solver)
                 timeline = simulate(problem, schedule)
                 objective_ms = round(run.objective) * self.unit
+                if not model.tight:  # relaxed: its ops may wait where the simulator's would not
+                    objective_ms = self.model_makespan(schedule) * self.unit
                 verdict = "fits" if timeline.fits else "breaks the budget"
                 self.report(timeline.makespan if timeline.fits else None,
                             f"round {round_number}: {run.status} at {objective_ms:g} ms, simulated "
@@ -204,6 +208,7 @@ class _Search:
                     hint, hint_timeline = best[0], best[1]
                 floor = self.bound if self.bound is not None else 0
                 model, start = self.model_with_start(hint, hint_timeline, asap=True, floor=floor)
+                clean = clean and model.margin == 0  # a margin forbids some schedules: no proof
                 self.report(None, "solving the exact (as-soon-as-possible) model: the simulator never lets an op "
                                   "wait for memory")
                 continue
@@ -215,6 +220,12 @@ class _Search:
                 break
             start = _valid_start(mm, model, hint, hint_timeline)
         return ("found", best) if best is not None else None
+
+    def model_makespan(self, schedule: Schedule) -> int:
+        """The schedule's makespan in the model's units, every op as soon as it may (the simulator's
+        rule with the model's durations): what the exact model says of it."""
+        times = self.mm.unit_times(self.data, schedule)
+        return max(t + self.data.duration[op] for op, t in times.items())
 
     def model_with_start(self, hint, hint_timeline, *, asap: bool, floor: int = 0):
         """The model, searching makespans up to the hint's when the hint is a solution of it."""
@@ -253,12 +264,12 @@ class _Search:
         return self.result(status, hint, hint_timeline, None)
 
     def proves(self, timeline: Timeline) -> bool:
-        return timeline.makespan <= self.bound * self.unit * (1 + 1e-9) + 1e-9
+        return timeline.makespan <= self.bound * self.unit + TOLERANCE_MS * max(1.0, timeline.makespan)
 
     def result(self, status, schedule, timeline, objective_ms) -> SolveResult:
         # The bound is proven for durations rounded up by at most ``rounding``; shrunk by that much
         # it holds for the exact durations too (OPTIMAL means optimal at the resolution).
-        lower_bound_ms = self.bound * self.unit / (1 + self.data.scale.rounding)
+        lower_bound_ms = self.bound * self.unit / (1 + self.data.grid.rounding)
         return SolveResult(self.solver, status, schedule, timeline, objective_ms, lower_bound_ms,
                            time.perf_counter() - self.began, self.unit)
 
@@ -301,7 +312,7 @@ def _violation(lp, value_of) -> float:
 
 def _decode(model, values: dict[str, float], name: str) -> Schedule:
     """Start times in ms for every op the solution runs, then the shared decoder."""
-    unit = model.data.scale.resolution_ms
+    unit = model.data.grid.resolution_ms
     chosen = {item for item, x in model.offload.items() if values[x.name] > 0.5}
     starts: dict[Op, float] = {}
     for op, var in model.start.items():
@@ -324,8 +335,7 @@ def _repair(model, values: dict[str, float], timeline: Timeline) -> int:
     return forbidden
 
 
-def _at(t: float) -> float:
-    return round(t, 9)  # the simulator's memory replay compares times at this precision
+_at = instant  # the simulator's memory replay compares times at this precision
 
 
 def _holds(relief, timeline: Timeline) -> bool:
@@ -352,14 +362,15 @@ def _overflowing_events(timeline: Timeline) -> set[Op]:
             over.update(t.op for t in timeline.timings if t.device == device
                         and t.op.kind in (OpKind.F, OpKind.RELOAD) and _at(t.start) in times)
     if problem.offload.enabled:
-        act = problem.memory.activation
         for device in range(problem.devices):
-            events = []
+            events = []  # the host's side of each transfer (semantics.effects), as the simulator replays it
             for t in timeline.timings:
-                if t.device == device and t.op.kind is OpKind.OFFLOAD:
-                    events.append((_at(t.start), 1, act[t.op.stage], t.op))
-                elif t.device == device and t.op.kind is OpKind.RELOAD:
-                    events.append((_at(t.end), 0, -act[t.op.stage], t.op))
+                if t.device != device or t.op.kind not in TRANSFER_KINDS:
+                    continue
+                for effect in effects(problem, t.op, offloaded=True):
+                    if effect.place is Place.HOST:
+                        at_end = effect.at is At.END
+                        events.append((_at(t.end if at_end else t.start), 0 if at_end else 1, effect.delta, t.op))
             held = 0
             for _, _, delta, op in sorted(events):
                 held += delta

@@ -1,10 +1,11 @@
 """The MILP model of a problem, built with PuLP: data -> variables -> constraints -> objective.
 
-Time is counted in integer units of ``TimeScale.resolution_ms``. Every duration is rounded UP
-to whole units (the ladder picks the coarsest unit that changes no duration by more than 0.1%),
-so the simulator, which uses the exact durations, never runs an op later than the model says,
-and a transfer the model starts after a compute op's end also starts after it in the decoded
-schedule.
+Time is counted in integer units of a ``Grid`` (timegrid.py, shared with CP-SAT). Every
+duration is rounded UP to whole units, so the simulator, which uses the exact durations, never
+runs an op later than the model says; in the exact (as-soon-as-possible) model every claim that
+an op has ended or not yet started by an allocation keeps ``grid.slack`` units of margin, so the
+simulator's memory never exceeds the model's (timegrid.py proves both). Durations, waits and
+memory effects are the ones of compiler/semantics.py.
 
 Variables: a start time per op; per pair of compute ops on one device that the dependencies
 do not already order, an ordering binary; per (stage, microbatch) an offload binary with its
@@ -29,20 +30,22 @@ channel predecessor or after its own dependency. Its timing is the simulator's.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import pulp
 
+from optpipe.compiler.errors import ScheduleError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.compiler.semantics import Place, duration_ms, holds, waits
+from optpipe.compiler.simulate import start_times
+
+from .timegrid import MILP_MAX_UNITS, Grid, choose_grid
 
 __all__ = [
     "Tight",
-    "MAX_ROUNDING",
-    "TimeScale",
-    "choose_time_scale",
+    "choose_milp_grid",
     "ModelData",
     "prepare",
     "serial_horizon",
@@ -56,48 +59,12 @@ __all__ = [
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 
-# --------------------------------------------------------------------------- time scale
-
-_LADDER = (1.0, 0.5, 0.25, 0.2, 0.1, 0.05, 0.025, 0.02, 0.01, 0.005, 0.0025, 0.002, 0.001)
-MAX_ROUNDING = 1e-3  # the largest relative growth of a duration we accept from rounding up
+# --------------------------------------------------------------------------- time grid
 
 
-@dataclass(frozen=True)
-class TimeScale:
-    """One model time unit is ``resolution_ms``; ``rounding`` is the largest relative growth of a duration."""
-
-    resolution_ms: float
-    rounding: float
-
-    def units(self, ms: float) -> int:
-        """Whole units, rounded up; values a float's width from a whole unit count as that unit."""
-        quotient = ms / self.resolution_ms
-        nearest = round(quotient)
-        if abs(quotient - nearest) <= 1e-9 * max(1.0, quotient):
-            return int(nearest)
-        return math.ceil(quotient)
-
-
-def _durations_ms(problem: Problem) -> list[float]:
-    costs = problem.costs
-    values = list(costs.forward) + list(costs.backward_input) + list(costs.backward_weight)
-    values += [costs.backward(s) for s in range(problem.stages)] + [costs.p2p]
-    if problem.offload.enabled:
-        values += [problem.offload_ms(s) for s in range(problem.stages)]
-        values += [problem.reload_ms(s) for s in range(problem.stages)]
-    return [v for v in values if v > 0]
-
-
-def choose_time_scale(problem: Problem) -> TimeScale:
-    """The coarsest unit on the ladder that grows no duration by more than MAX_ROUNDING (else the finest)."""
-    durations = _durations_ms(problem)
-    worst = 0.0
-    for unit in _LADDER:
-        probe = TimeScale(unit, 0.0)
-        worst = max((probe.units(d) * unit - d) / d for d in durations)
-        if worst <= MAX_ROUNDING:
-            return TimeScale(unit, worst)
-    return TimeScale(_LADDER[-1], worst)
+def choose_milp_grid(problem: Problem) -> Grid:
+    """The shared grid rule (timegrid.py) with a horizon short enough for big-M rows."""
+    return choose_grid(problem, max_units=MILP_MAX_UNITS)
 
 
 # --------------------------------------------------------------------------- data
@@ -108,7 +75,7 @@ class ModelData:
     """Everything the model needs before PuLP: ops, unit durations, forced orders, heads and tails."""
 
     problem: Problem
-    scale: TimeScale
+    grid: Grid
     split: bool  # B and W as two ops (True) or one fused BW
     ops: tuple[Op, ...]  # compute ops in a topological order of ``edges``
     duration: dict[Op, int]  # units; compute ops, and OFFLOAD/RELOAD of every item when offload is enabled
@@ -144,40 +111,31 @@ class ModelData:
         return None
 
 
-def prepare(problem: Problem, scale: TimeScale, split: bool = True) -> ModelData:
-    pipe, costs = problem.pipeline, problem.costs
+def prepare(problem: Problem, grid: Grid, split: bool = True) -> ModelData:
+    """Ops, durations (semantics.duration_ms rounded up), the waits of semantics.waits as edges
+    (a B's wait for its reload depends on the offload binary: ``transfers`` adds it), and the
+    microbatch order of each stage's ops (the symmetry rule of the module docstring)."""
+    pipe = problem.pipeline
     stages, microbatches = pipe.stages, pipe.microbatches
-    p2p = scale.units(costs.p2p)
     kinds = (_F, _B, _W) if split else (_F, _BW)
-    back = _B if split else _BW
+    transfers = (_OFF, _REL) if problem.offload.enabled else ()
 
     duration: dict[Op, int] = {}
     for s in range(stages):
-        length = {_F: costs.forward[s], _B: costs.backward_input[s], _W: costs.backward_weight[s],
-                  _BW: costs.backward(s)}
-        for i in range(microbatches):
-            for kind in kinds:
-                duration[Op(kind, s, i)] = scale.units(length[kind])
-            if problem.offload.enabled:
-                duration[Op(_OFF, s, i)] = scale.units(problem.offload_ms(s))
-                duration[Op(_REL, s, i)] = scale.units(problem.reload_ms(s))
-
-    def lag(a: int, b: int) -> int:
-        return 0 if pipe.device_of(a) == pipe.device_of(b) else p2p
+        for kind in kinds + transfers:
+            units = grid.up(duration_ms(problem, Op(kind, s, 0)))
+            for i in range(microbatches):
+                duration[Op(kind, s, i)] = units
 
     edges: list[tuple[Op, Op, int]] = []
     for s in range(stages):
         for i in range(microbatches):
-            if s > 0:
-                edges.append((Op(_F, s - 1, i), Op(_F, s, i), lag(s - 1, s)))
-            if s == stages - 1:
-                edges.append((Op(_F, s, i), Op(back, s, i), 0))
-            else:
-                edges.append((Op(back, s + 1, i), Op(back, s, i), lag(s + 1, s)))
-            if split:
-                edges.append((Op(_B, s, i), Op(_W, s, i), 0))
-            if i > 0:
-                edges.extend((Op(kind, s, i - 1), Op(kind, s, i), 0) for kind in kinds)
+            for kind in kinds:
+                op = Op(kind, s, i)
+                edges.extend((wait.op, op, grid.up(wait.lag_ms))
+                             for wait in waits(problem, op, fused_above=not split))
+                if i > 0:
+                    edges.append((Op(kind, s, i - 1), op, 0))
 
     compute = [op for op in duration if op.kind in COMPUTE_KINDS]
     succs: dict[Op, list[tuple[Op, int]]] = {op: [] for op in compute}
@@ -208,7 +166,7 @@ def prepare(problem: Problem, scale: TimeScale, split: bool = True) -> ModelData
     for op in order:
         for nxt, _ in succs[op]:
             ancestors[nxt] |= ancestors[op] | (1 << position[op])
-    return ModelData(problem, scale, split, tuple(order), duration, tuple(edges), head, tail, reach, ancestors,
+    return ModelData(problem, grid, split, tuple(order), duration, tuple(edges), head, tail, reach, ancestors,
                      position)
 
 
@@ -268,6 +226,7 @@ class MilpModel:
     relief: dict[Relief, pulp.LpVariable]
     host: dict[tuple[Op, Op], pulp.LpVariable]  # (OFFLOAD a, OFFLOAD b): a's bytes still on the host at b's start
     tight: dict[Tight, pulp.LpVariable]  # empty unless built with asap=True
+    margin: int = 0  # units every relief claim keeps from its event (the grid's slack in the exact model)
 
 
 def _name(op: Op) -> str:
@@ -277,8 +236,9 @@ def _name(op: Op) -> str:
 class _Builder:
     """Adds variables and constraints group by group; ``build_model`` is the only caller."""
 
-    def __init__(self, data: ModelData, horizon: int, floor: int, integral: bool):
+    def __init__(self, data: ModelData, horizon: int, floor: int, integral: bool, margin: int):
         self.data = data
+        self.margin = margin
         self.floor = floor
         self.integral = integral
         self.problem = data.problem
@@ -293,6 +253,12 @@ class _Builder:
         self.items_on = [[(s, i) for s in self.problem.pipeline.stages_on(d) for i in range(self.problem.microbatches)]
                          for d in range(self.problem.devices)]
         self.unit = max(self.problem.memory.activation) or 1  # memory rows in units of the largest activation
+        # per stage, in those units: what F (or a reload) takes on the device, what an offload takes
+        # on the host (semantics.holds)
+        stages = range(self.problem.stages)
+        self.taken = [sum(h.bytes for h in holds(self.problem, s, 0, fused=not data.split)) / self.unit for s in stages]
+        self.hosted = [sum(h.bytes for h in holds(self.problem, s, 0, offloaded=True) if h.place is Place.HOST)
+                       / self.unit for s in stages]
 
     # ----------------------------------------------------------------- helpers
 
@@ -418,15 +384,20 @@ class _Builder:
             self.lp += away <= started
         if not isinstance(ended, int):
             self.lp += away + ended <= 1
-        self.at_least(event, off, self.data.duration[off], 1 - away)
-        self.at_least(rel, event, 1, 1 - away)
+        self.at_least(event, off, self.data.duration[off] + self.margin, 1 - away)
+        self.at_least(rel, event, 1 + self.margin, 1 - away)
         return away
+
+    def holds(self, stage: int, microbatch: int) -> list[tuple[float, Op]]:
+        """(memory units, the op whose end releases them) of an activation kept on the device
+        (semantics.holds: every one is taken at F's start)."""
+        return [(hold.bytes / self.unit, hold.ends.op)
+                for hold in holds(self.problem, stage, microbatch, fused=not self.data.split)]
 
     def forward_events(self) -> None:
         """Device memory at every F start: ordering variables for compute, relief for transfers."""
         data, memory = self.data, self.problem.memory
-        act = [a / self.unit for a in memory.activation]
-        keep = [k / self.unit for k in memory.weight_activation]
+        act = self.taken
         budget = memory.budget / self.unit
         for device in range(self.problem.devices):
             items = self.items_on[device]
@@ -437,18 +408,15 @@ class _Builder:
                 for sa, ia in items:
                     if (sa, ia) == (sb, ib):
                         continue
-                    fa, back, last = Op(_F, sa, ia), data.back(sa, ia), data.last(sa, ia)
+                    fa, back = Op(_F, sa, ia), data.back(sa, ia)
                     held = self.before(fa, event)
                     if isinstance(held, int) and held == 0:
                         continue
                     freed_back = self.before(back, event)
-                    freed_last = self.before(last, event) if data.split else 0
-                    if data.split:
-                        terms += [act[sa] * held, -(act[sa] - keep[sa]) * freed_back, -keep[sa] * freed_last]
-                        worst += act[sa] - (act[sa] - keep[sa]) * _fixed(freed_back) - keep[sa] * _fixed(freed_last)
-                    else:
-                        terms += [act[sa] * held, -act[sa] * freed_back]
-                        worst += act[sa] - act[sa] * _fixed(freed_back)
+                    for amount, release in self.holds(sa, ia):
+                        freed = self.before(release, event)
+                        terms += [amount * held, -amount * freed]
+                        worst += amount - amount * _fixed(freed)
                     if self.problem.offload.enabled and _fixed(freed_back) == 0:
                         pending_claims.append((sa, ia, held, freed_back))
                 if worst <= budget + 1e-9:
@@ -460,8 +428,7 @@ class _Builder:
     def reload_events(self) -> None:
         """Device memory at every RELOAD start (only binding when the item is offloaded)."""
         data, memory = self.data, self.problem.memory
-        act = [a / self.unit for a in memory.activation]
-        keep = [k / self.unit for k in memory.weight_activation]
+        act = self.taken
         budget = memory.budget / self.unit
         for device in range(self.problem.devices):
             items = self.items_on[device]
@@ -472,48 +439,42 @@ class _Builder:
                 for sa, ia in items:
                     if (sa, ia) == (sr, ir):
                         continue
-                    fa, back, last = Op(_F, sa, ia), data.back(sa, ia), data.last(sa, ia)
+                    fa, chain = Op(_F, sa, ia), list(dict.fromkeys((data.back(sa, ia), data.last(sa, ia))))
                     started = _status(data.order(fa, f_r), data.order(fa, back_r))
                     if started == 0:
                         continue
-                    ended = _status(data.order(back, f_r), data.order(back, back_r))
-                    ended_last = _status(data.order(last, f_r), data.order(last, back_r)) if data.split else 0
-                    may_be_away = ended != 1 and not (sa == sr and ia < ir)
-                    plan.append((sa, ia, started, ended, ended_last, may_be_away))
-                    if data.split:
-                        worst += act[sa] - (act[sa] - keep[sa]) * (ended == 1) - keep[sa] * (ended_last == 1)
-                    else:
-                        worst += act[sa] - act[sa] * (ended == 1)
+                    # whether each releasing op (B then W, or BW) has ended by the reload: 1, 0 or open
+                    ended = {op: _status(data.order(op, f_r), data.order(op, back_r)) for op in chain}
+                    may_be_away = ended[chain[0]] != 1 and not (sa == sr and ia < ir)
+                    plan.append((sa, ia, started, chain, ended, may_be_away))
+                    worst += sum(amount * (ended[release] != 1) for amount, release in self.holds(sa, ia))
                 if worst <= budget + 1e-9:
                     continue
                 terms = [act[sr]]
-                for sa, ia, started, ended, ended_last, may_be_away in plan:
-                    fa, back, last = Op(_F, sa, ia), data.back(sa, ia), data.last(sa, ia)
+                for sa, ia, started, chain, ended, may_be_away in plan:
+                    fa = Op(_F, sa, ia)
                     if started is None:
                         pending = self.claim("pending", fa, event)
-                        self.at_least(fa, event, 1, 1 - pending)
+                        self.at_least(fa, event, 1 + self.margin, 1 - pending)
                         started = 1 - pending
-                    if ended is None:
-                        ended = self.claim("ended", back, event)
-                        self.at_least(event, back, data.duration[back], 1 - ended)
-                        self.lp += ended <= started
-                    if data.split and ended_last is None:
-                        ended_last = self.claim("ended", last, event)
-                        self.at_least(event, last, data.duration[last], 1 - ended_last)
-                        self.lp += ended_last <= ended
-                    if data.split:
-                        terms += [act[sa] * started, -(act[sa] - keep[sa]) * ended, -keep[sa] * ended_last]
-                    else:
-                        terms += [act[sa] * started, -act[sa] * ended]
+                    prior = started  # W ends after B, B after F started
+                    for op in chain:
+                        if ended[op] is None:
+                            ended[op] = self.claim("ended", op, event)
+                            self.at_least(event, op, data.duration[op] + self.margin, 1 - ended[op])
+                            self.lp += ended[op] <= prior
+                        prior = ended[op]
+                    for amount, release in self.holds(sa, ia):
+                        terms += [amount * started, -amount * ended[release]]
                     if may_be_away:
-                        terms.append(-act[sa] * self.away_at(sa, ia, event, started, ended))
+                        terms.append(-act[sa] * self.away_at(sa, ia, event, started, ended[chain[0]]))
                 self.lp += pulp.lpSum(terms) <= budget + (worst - budget) * (1 - self.offload[(sr, ir)])
 
     def host_events(self) -> None:
         """Host memory at every OFFLOAD start, where it grows; skipped when every activation fits."""
         data, memory = self.data, self.problem.memory
         host_budget = self.problem.offload.host_budget / self.unit
-        act = [a / self.unit for a in memory.activation]
+        act = self.hosted
         for device in range(self.problem.devices):
             items = self.items_on[device]
             if sum(act[s] for s, _ in items) <= host_budget + 1e-9:
@@ -531,7 +492,7 @@ class _Builder:
                     if data.order(data.back(sa, ia), Op(_F, sb, ib)) == 1:
                         continue  # a is reloaded and used before b's F
                     back = self.claim("back", rel_a, event)
-                    self.at_least(event, rel_a, data.duration[rel_a], 1 - back)
+                    self.at_least(event, rel_a, data.duration[rel_a] + self.margin, 1 - back)
                     held = self.host[(off_a, event)] = self.lp.add_variable(
                         f"h_{_name(off_a)}_{_name(event)}", lowBound=0, upBound=1)
                     self.lp += held >= self.offload[(sa, ia)] + earlier - 1 - back
@@ -559,7 +520,6 @@ class _Builder:
         """
         data, pipe = self.data, self.problem.pipeline
         offload = self.problem.offload.enabled
-        p2p = data.scale.units(self.problem.costs.p2p)
         by_device = [[op for op in data.ops if data.device(op) == d] for d in range(self.problem.devices)]
         mask = [sum(1 << data.position[op] for op in ops) for ops in by_device]
         for x in data.ops:
@@ -575,14 +535,9 @@ class _Builder:
                 if fixed is None:
                     self.lp += var <= self.before(a, x)
                 options.append(var)
-            feeds = []
-            if x.kind is _F and s > 0:
-                feeds.append(Op(_F, s - 1, i))
-            elif x.kind in (_B, _BW):
-                feeds.append(Op(_F, s, i) if s == pipe.stages - 1 else data.back(s + 1, i))
-            for source in feeds:
-                if data.device(source) != device:
-                    options.append(self.on_time(x, source, p2p, exact=False))
+            for wait in waits(self.problem, x, fused_above=not data.split):
+                if data.device(wait.op) != device:
+                    options.append(self.on_time(x, wait.op, data.grid.up(wait.lag_ms), exact=False))
             if offload and x.kind in (_B, _BW):
                 var = self.on_time(x, Op(_REL, s, i), 0, exact=False)
                 self.lp += var <= self.offload[(s, i)]
@@ -641,7 +596,7 @@ def build_model(data: ModelData, horizon: int, *, asap: bool = False, floor: int
     Without ``asap`` it is a relaxation (ops may wait for memory); with it, exact for the simulator.
     ``integral_makespan`` declares the objective variable integer (it is at every optimum anyway).
     """
-    builder = _Builder(data, horizon, floor, integral_makespan)
+    builder = _Builder(data, horizon, floor, integral_makespan, data.grid.slack if asap else 0)
     builder.times()
     builder.devices()
     if data.problem.offload.enabled:
@@ -653,7 +608,7 @@ def build_model(data: ModelData, horizon: int, *, asap: bool = False, floor: int
     if asap:
         builder.asap()
     return MilpModel(data, horizon, builder.lp, builder.makespan, builder.start, builder.offload, builder.order,
-                     builder.relief, builder.host, builder.tight)
+                     builder.relief, builder.host, builder.tight, builder.margin)
 
 
 # --------------------------------------------------------------------------- warm start
@@ -678,65 +633,13 @@ def _model_form(data: ModelData, schedule: Schedule) -> list[list[Op]]:
 
 
 def unit_times(data: ModelData, schedule: Schedule) -> dict[Op, int] | None:
-    """Start times (units) of the schedule under the model's durations, as the simulator would run it.
-
-    None when the lists cannot run (a dependency cycle); the caller validates hints first.
-    """
-    problem = data.problem
-    pipe = problem.pipeline
-    p2p = data.scale.units(problem.costs.p2p)
-    rows = _model_form(data, schedule)
-    present = {op for row in rows for op in row}
-    preds: dict[Op, list[tuple[Op, int]]] = {}
-    for device, row in enumerate(rows):
-        last_compute = last_off = last_rel = None
-        for op in row:
-            mine = preds.setdefault(op, [])
-            if last_compute is not None:
-                mine.append((last_compute, 0))
-            if op.kind in COMPUTE_KINDS:
-                last_compute = op
-            elif op.kind is _OFF:
-                if last_off is not None:
-                    mine.append((last_off, 0))
-                last_off = op
-            else:
-                if last_rel is not None:
-                    mine.append((last_rel, 0))
-                last_rel = op
-            s, i = op.stage, op.microbatch
-
-            def hop(other: int) -> int:
-                return 0 if pipe.device_of(other) == device else p2p
-
-            if op.kind is _F and s > 0:
-                mine.append((Op(_F, s - 1, i), hop(s - 1)))
-            elif op.kind in (_B, _BW):
-                if s == pipe.stages - 1:
-                    mine.append((Op(_F, s, i), 0))
-                else:
-                    mine.append((data.back(s + 1, i), hop(s + 1)))
-                if Op(_REL, s, i) in present:
-                    mine.append((Op(_REL, s, i), 0))
-            elif op.kind is _W:
-                mine.append((Op(_B, s, i), 0))
-            elif op.kind is _OFF:
-                mine.append((Op(_F, s, i), 0))
-            elif op.kind is _REL:
-                mine.append((Op(_OFF, s, i), 0))
-    start: dict[Op, int] = {}
-    pending = list(preds)
-    while pending:
-        progress = []
-        for op in pending:
-            if all(p in start for p, _ in preds[op]):
-                start[op] = max((start[p] + data.duration[p] + gap for p, gap in preds[op]), default=0)
-            else:
-                progress.append(op)
-        if len(progress) == len(pending):
-            return None
-        pending = progress
-    return start
+    """Start times (units) of the schedule under the model's durations, as the simulator would run it
+    (the simulator's own rule, with rounded-up durations). None when the lists cannot run."""
+    try:
+        times = start_times(data.problem, Schedule.of(schedule.name, _model_form(data, schedule)), data.grid.up)
+    except ScheduleError:
+        return None
+    return {op: int(t) for op, t in times.items()}
 
 
 def start_values(model: MilpModel, schedule: Schedule) -> dict[pulp.LpVariable, float] | None:
@@ -770,15 +673,15 @@ def start_values(model: MilpModel, schedule: Schedule) -> dict[pulp.LpVariable, 
     for relief, var in model.relief.items():
         kind, subject, event = relief
         t = start[event]
+        margin = model.margin
         if kind == "away":
             rel = Op(_REL, subject.stage, subject.microbatch)
-            true = (subject.stage, subject.microbatch) in offloaded and end(subject) <= t and start[rel] >= t + 1
+            true = (subject.stage, subject.microbatch) in offloaded and end(subject) + margin <= t \
+                and start[rel] >= t + 1 + margin
         elif kind == "pending":
-            true = start[subject] >= t + 1
-        elif kind == "ended":
-            true = end(subject) <= t
-        else:
-            true = end(subject) <= t
+            true = start[subject] >= t + 1 + margin
+        else:  # "ended" and "back"
+            true = end(subject) + margin <= t
         values[var] = 1.0 if true else 0.0
     for (off_a, event), var in model.host.items():
         a = (off_a.stage, off_a.microbatch)

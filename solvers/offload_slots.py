@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from optpipe.compiler.errors import ProblemError, ScheduleError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.compiler.semantics import TOLERANCE_MS, duration_ms
 from optpipe.compiler.simulate import Timeline, simulate
 
 __all__ = [
@@ -36,13 +37,13 @@ __all__ = [
     "add_hidden_offloads",
 ]
 
-_EPS = 1e-9  # ms; the simulator's time resolution
+_EPS = TOLERANCE_MS
 _F, _B, _BW = OpKind.F, OpKind.B, OpKind.BW
 
 
 def round_trip_ms(problem: Problem, stage: int) -> float:
     """Offload plus reload of one activation of ``stage``: the window it needs between F and B."""
-    return problem.offload_ms(stage) + problem.reload_ms(stage)
+    return duration_ms(problem, Op(OpKind.OFFLOAD, stage, 0)) + duration_ms(problem, Op(OpKind.RELOAD, stage, 0))
 
 
 def activation_windows(timeline: Timeline) -> dict[tuple[int, int], float]:
@@ -158,7 +159,7 @@ def _offload_ends(problem: Problem, forwards: list[Op], by_op) -> dict[tuple[int
     free = -math.inf
     for op in forwards:
         start = max(by_op[op].end, free)
-        free = start + problem.offload_ms(op.stage)
+        free = start + duration_ms(problem, Op(OpKind.OFFLOAD, op.stage, op.microbatch))
         ends[(op.stage, op.microbatch)] = free
     return ends
 
@@ -183,7 +184,7 @@ def _reload_slots(problem: Problem, ops: tuple[Op, ...], offload_end: dict[tuple
     for position in reversed(backward_at):
         op = ops[position]
         pair = (op.stage, op.microbatch)
-        length = problem.reload_ms(op.stage)
+        length = duration_ms(problem, Op(OpKind.RELOAD, *pair))
         released = offload_end[pair]
         due = min(by_op[op].start, deadline)
         # Slots before F start no later than one right after F (the offload ends after F does),

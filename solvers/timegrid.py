@@ -1,13 +1,39 @@
-"""The integer time grid the exact models work on, and how far it is from real time.
+"""The integer time grid of both exact models (CP-SAT and MILP), and why its answers are safe.
 
-Exact models need integer times. The best grid is one in which every duration is a whole
-number of units: then a model's start times are exactly what the simulator computes. Compute
-and p2p times are decimals of a millisecond; a transfer takes bytes x 1000 / bandwidth ms, a
-fraction. The greatest common divisor of all of them, as fractions, is such a unit: about
-1/12,000,000 ms for 24 GB/s links, so a makespan of seconds is ~1e10 units, far inside 64-bit
-integers. When even that is too fine (odd bandwidths), compute stays exact on a decimal grid and
-transfers are rounded up: pessimistic about transfers, never optimistic, and refined until one
-device's transfers together lose at most 0.1% of the makespan's lower bound.
+Exact models need integer times. A grid is a unit of time; every duration and lag becomes a
+whole number of units by rounding UP (``Grid.up``), never to nearest. The unit is chosen here,
+once, for both models; they differ only in how many units a makespan may span (CP-SAT is happy
+with 2^40, a MILP's big-M rows are not).
+
+Exact grids. The greatest common divisor of every duration and lag, as fractions, divides them
+all: then a model's start times are the simulator's, to the last digit. Compute and p2p times
+are often decimals of a millisecond and transfers bytes x 1000 / bandwidth, so the unit is
+about 1/12,000,000 ms for 24 GB/s links: a makespan of seconds is ~1e10 units, fine for
+CP-SAT. Measured costs (``optpipe profile``) have sixteen digits and no useful common unit.
+
+Rounded grids: safe by construction, not exact. Then a decimal unit is used and:
+
+1. every duration and lag is rounded up, so a model solution, decoded into lists and timed by
+   the simulator with the true durations, runs every op no later than the model says (the model's
+   times satisfy every wait of the simulator's recurrence, whose least solution the simulator
+   computes). So the simulated makespan is at most the model's objective, and every release of
+   memory (always at an op's end) happens no later than in the model;
+2. running early can still bring an allocation (always at an op's start) before a release
+   it followed in the model. Not when the release is a compute op's end: an F starts after
+   every compute op listed before it on its device, and a reload after the compute op it is
+   issued behind, which ended by its start in the model; decoding keeps both orders. A
+   transfer's release (an offload's device copy, a reload's host copy) is ordered with nothing
+   on another channel, so there the models keep a margin. Both start every op right after
+   something it waits for (the "tight" or as-soon-as-possible rule); along such a chain of
+   waits each op runs early by at most its own rounding, so no op runs earlier than modelled
+   by more than ``slack_ms``, the sum of the rounding of every op and lag of the problem. A
+   transfer's release is therefore held ``slack`` units past its modelled end (the MILP
+   keeps the margin in every memory claim). Any schedule the model accepts re-simulates
+   within budget.
+
+The price is that a rounded model proves no optimum and, with its padding, may miss a schedule
+that fits only by a hair; the unit is chosen fine enough that the padding stays under
+``SLACK_SHARE`` of the makespan's lower bound where the model's size allows.
 """
 
 from __future__ import annotations
@@ -17,54 +43,84 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from optpipe.compiler.problem import Problem
+from optpipe.compiler.schedule import Op, OpKind
+from optpipe.compiler.semantics import TOLERANCE_MS, duration_ms, exact_ms
 
 from .bounds import makespan_lower_bound
 
-__all__ = ["Grid", "choose_grid"]
+__all__ = ["Grid", "choose_grid", "CPSAT_MAX_UNITS", "MILP_MAX_UNITS", "SLACK_SHARE"]
 
-_DECIMALS = (1.0, 0.5, 0.25, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001)
-_TOLERANCE = 1e-9  # relative: float noise in a ratio that should be whole
-_MAX_UNITS = 2**40  # largest makespan, in units, for which the exact grid is used
+_LADDER = (1.0, 0.5, 0.25, 0.2, 0.1, 0.05, 0.025, 0.02, 0.01, 0.005, 0.0025, 0.002, 0.001,
+           5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6)
+CPSAT_MAX_UNITS = 2**40  # a makespan (4x its lower bound) in CP-SAT's units stays below this
+MILP_MAX_UNITS = 2**18  # the MILP's big-M rows lose precision on longer horizons
+SLACK_SHARE = 1e-3  # of the makespan's lower bound: how much padding a rounded grid may add
 
 
 @dataclass(frozen=True)
 class Grid:
-    """One unit is ``resolution_ms``."""
+    """One unit is ``resolution_ms``; ``slack`` units is how much earlier than modelled an op may run."""
 
     resolution_ms: float
-    exact: bool  # every duration, transfers included, is a whole number of units
-    rounding_bound_ms: float  # how far the model's makespan can be from the simulated one
-    transfer_rounding_ms: float  # the most one transfer is lengthened by rounding up
-
-    def units(self, ms: float) -> int:
-        return int(round(ms / self.resolution_ms))
+    exact: bool  # every duration and lag is a whole number of units: model times are the simulator's
+    slack: int  # allocations are taken this many units before the modelled start (0 when exact)
+    rounding: float  # the largest relative growth of a duration by rounding up
 
     def up(self, ms: float) -> int:
-        return int(math.ceil(ms / self.resolution_ms - _TOLERANCE))
+        """Whole units, rounded up; a value within float noise of a whole unit is that unit."""
+        quotient = ms / self.resolution_ms
+        nearest = round(quotient)
+        if abs(quotient - nearest) <= TOLERANCE_MS * max(1.0, abs(quotient)):
+            return int(nearest)
+        return math.ceil(quotient)
+
+    def down(self, ms: float) -> int:
+        """Whole units, rounded down: for bounds that must not cut off a model solution."""
+        quotient = ms / self.resolution_ms
+        nearest = round(quotient)
+        if abs(quotient - nearest) <= TOLERANCE_MS * max(1.0, abs(quotient)):
+            return int(nearest)
+        return math.floor(quotient)
 
     def ms(self, units: float) -> float:
         return units * self.resolution_ms
+
+    @property
+    def slack_ms(self) -> float:
+        return self.slack * self.resolution_ms
 
     def describe(self) -> str:
         if self.exact:
             return (f"time unit {self.resolution_ms:.4g} ms divides every duration exactly; "
                     f"the model's times are the simulator's")
-        return (f"time unit {self.resolution_ms:g} ms; transfers rounded up by at most "
-                f"{self.transfer_rounding_ms:.3g} ms each; makespan exact to {self.rounding_bound_ms:.3g} ms")
+        return (f"time unit {self.resolution_ms:g} ms with durations rounded up (by at most "
+                f"{self.rounding:.2%}); transfer releases held {self.slack_ms:.3g} ms")
 
 
-def _durations(problem: Problem) -> tuple[list[Fraction], list[Fraction]]:
-    """Compute and p2p times, and transfer times, as exact fractions of a millisecond."""
-    costs = problem.costs
-    compute = [Fraction(repr(d)) for d in (*costs.forward, *costs.backward_input, *costs.backward_weight)]
-    if costs.p2p > 0:
-        compute.append(Fraction(repr(costs.p2p)))
-    transfers = []
-    if problem.offload.enabled:
-        for bandwidth in (problem.offload.d2h_bandwidth, problem.offload.h2d_bandwidth):
-            rate = Fraction(repr(bandwidth))
-            transfers += [Fraction(a * 1000) / rate for a in sorted(set(problem.memory.activation))]
-    return compute, transfers
+_PARTS = (OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD)  # BW is B + W: whole when they are
+
+
+def _lengths(problem: Problem, kinds=tuple(OpKind)) -> list[tuple[float, int]]:
+    """Every distinct duration and lag in ms, with how many times it can occur in one schedule."""
+    m, counts = problem.microbatches, {}
+    if not problem.offload.enabled:
+        kinds = [kind for kind in kinds if kind not in (OpKind.OFFLOAD, OpKind.RELOAD)]
+    for s in range(problem.stages):
+        for kind in kinds:
+            length = duration_ms(problem, Op(kind, s, 0))
+            counts[length] = counts.get(length, 0) + m
+    if problem.costs.p2p > 0:  # at most one lag into each F and each backward
+        counts[problem.costs.p2p] = counts.get(problem.costs.p2p, 0) + 2 * m * problem.stages
+    return [(length, count) for length, count in counts.items() if length > 0]
+
+
+def _exact_lengths(problem: Problem) -> list[Fraction]:
+    """The durations of F, B, W and transfers, and the lag, as exact fractions (semantics.exact_ms)."""
+    kinds = _PARTS if problem.offload.enabled else _PARTS[:3]
+    values = {exact_ms(problem, Op(kind, s, 0)) for kind in kinds for s in range(problem.stages)}
+    if problem.costs.p2p > 0:
+        values.add(Fraction(repr(problem.costs.p2p)))
+    return [v for v in values if v > 0]
 
 
 def _gcd(values: list[Fraction]) -> Fraction:
@@ -73,36 +129,38 @@ def _gcd(values: list[Fraction]) -> Fraction:
     return Fraction(math.gcd(*(int(v * denominator) for v in values)), denominator)
 
 
-def _whole(value: float, resolution: float) -> bool:
-    q = value / resolution
-    return abs(q - round(q)) <= _TOLERANCE * max(1.0, abs(q))
+def _grid(resolution_ms: float, lengths: list[tuple[float, int]]) -> Grid:
+    probe = Grid(resolution_ms, True, 0, 0.0)
+    excess = [(probe.ms(probe.up(length)) - length, length, count) for length, count in lengths]
+    exact = all(probe.up(length) * resolution_ms - length <= TOLERANCE_MS * max(1.0, length)
+                for length, _ in lengths)
+    if exact:
+        return probe
+    slack_ms = sum(max(0.0, extra) * count for extra, _, count in excess)
+    rounding = max((max(0.0, extra) / length for extra, length, _ in excess), default=0.0)
+    return Grid(resolution_ms, False, probe.up(slack_ms) + 1, rounding)
 
 
-def _round_up_error(durations: list[float], resolution: float) -> float:
-    return max((math.ceil(d / resolution - _TOLERANCE) * resolution - d for d in durations), default=0.0)
+def choose_grid(problem: Problem, resolution_ms: float | None = None, *, max_units: int = CPSAT_MAX_UNITS) -> Grid:
+    """The exact grid when a makespan fits in ``max_units`` on it; else the coarsest decimal unit
+    whose padding stays under SLACK_SHARE of the lower bound (or the finest that fits).
 
-
-def choose_grid(problem: Problem, resolution_ms: float | None = None) -> Grid:
-    """The exact grid when the makespan stays below 2^40 units on it, else a decimal one."""
-    compute, transfers = _durations(problem)
-    lower = makespan_lower_bound(problem).value
-    floats = [float(t) for t in transfers]
-    if resolution_ms is None:
-        unit = _gcd(compute + transfers)
-        if _MAX_UNITS * unit >= 4 * Fraction(repr(max(lower, 1e-3))):
-            resolution_ms = float(unit)
-    if resolution_ms is None:
-        per_device = 2 * problem.pipeline.chunks_per_device * problem.microbatches
-        resolution_ms = next((r for r in _DECIMALS if all(_whole(float(d), r) for d in compute)), _DECIMALS[-1])
-        for r in _DECIMALS:
-            if r > resolution_ms or not _whole(resolution_ms, r):
-                continue
-            resolution_ms = r
-            if _round_up_error(floats, r) * per_device <= 1e-3 * lower:
-                break
-    exact_compute = all(_whole(float(d), resolution_ms) for d in compute)
-    exact = exact_compute and all(_whole(d, resolution_ms) for d in floats)
-    # With compute exact the model's makespan is the simulator's; otherwise each compute op on
-    # a path can be off by half a unit.
-    bound = 0.0 if exact_compute else resolution_ms / 2 * problem.microbatches * problem.stages * 3
-    return Grid(resolution_ms, exact, bound, 0.0 if exact else _round_up_error(floats, resolution_ms))
+    ``resolution_ms`` forces a unit (tests; a rounded one is still safe).
+    """
+    lengths = _lengths(problem)
+    if not lengths:
+        return Grid(1.0, True, 0, 0.0)
+    if resolution_ms is not None:
+        return _grid(resolution_ms, lengths)
+    span = 4 * max(makespan_lower_bound(problem).value, 1e-3)
+    unit = _gcd(_exact_lengths(problem))
+    if span <= max_units * unit:
+        return _grid(float(unit), lengths)
+    chosen = None
+    for step in _LADDER:
+        if span > max_units * step:
+            break
+        chosen = _grid(step, lengths)
+        if chosen.exact or chosen.slack_ms <= SLACK_SHARE * span / 4:
+            return chosen
+    return chosen if chosen is not None else _grid(_LADDER[0], lengths)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from collections import deque
 
+from optpipe.compiler.errors import InternalError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, duration_ms, effects, waits
 
 __all__ = ["fill_with_w"]
 
 _F, _B, _W, _BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
-_EPS = 1e-9
+_EPS = TOLERANCE_MS
 
 
 def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = None, slack: float = 0.0,
@@ -32,10 +34,7 @@ def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = N
     allows. Without offload the cap is the budget; with offload callers try caps above it,
     since offloads placed afterwards relieve the device.
     """
-    pipe, costs = problem.pipeline, problem.costs
-    device_of = [pipe.device_of(s) for s in range(pipe.stages)]
-    last = pipe.stages - 1
-    lag = lambda a, b: costs.p2p if device_of[a] != device_of[b] else 0.0  # noqa: E731
+    pipe = problem.pipeline
     spine = []  # per device: F and B in order
     for ops in schedule.devices:
         row = []
@@ -50,35 +49,33 @@ def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = N
     pending: list[deque[tuple[float, Op]]] = [deque() for _ in range(pipe.devices)]  # (ready, W)
     end: dict[Op, float] = {}
     out: list[list[Op]] = [[] for _ in range(pipe.devices)]
-    act, keep = problem.memory.activation, problem.memory.weight_activation
     # A device's memory changes at its own F starts and B, W ends, which come in time order, and
-    # an F starts no earlier than the device is free: what it holds then is a running sum.
+    # an F starts no earlier than the device is free: what it holds then is a running sum of
+    # the ops' device effects (semantics.effects; transfers are dropped, so nothing is offloaded).
     held = [0] * pipe.devices
 
     def ready(op: Op) -> float | None:
-        s, i = op.stage, op.microbatch
-        if op.kind is _F:
-            if s == 0:
-                return 0.0
-            e = end.get(Op(_F, s - 1, i))
-            return None if e is None else e + lag(s - 1, s)
-        pred = Op(_F, s, i) if s == last else Op(_B, s + 1, i)
-        e = end.get(pred)
-        return None if e is None else e + (0.0 if s == last else lag(s + 1, s))
+        """When the op's data waits (semantics.waits) are met, or None while one is unscheduled."""
+        at = 0.0
+        for wait in waits(problem, op):
+            e = end.get(wait.op)
+            if e is None:
+                return None
+            at = max(at, e + wait.lag_ms)
+        return at
+
+    def taken(op: Op) -> int:
+        """What the op takes on the device at its start."""
+        return sum(e.delta for e in effects(problem, op) if e.place is Place.DEVICE and e.at is At.START)
 
     def run(d: int, op: Op, start: float) -> None:
-        finish = start + _duration(costs, op)
+        finish = start + duration_ms(problem, op)
         end[op] = finish
         free[d] = finish
         out[d].append(op)
-        s = op.stage
-        if op.kind is _F:
-            held[d] += act[s]
-        elif op.kind is _B:
-            pending[d].append((finish, Op(_W, s, op.microbatch)))
-            held[d] += keep[s] - act[s]
-        else:
-            held[d] -= keep[s]
+        if op.kind is _B:
+            pending[d].append((finish, Op(_W, op.stage, op.microbatch)))
+        held[d] += sum(e.delta for e in effects(problem, op) if e.place is Place.DEVICE)
 
     remaining = sum(len(row) for row in spine)
     while remaining:
@@ -90,19 +87,19 @@ def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = N
                 if r is not None and (best is None or free[d] < best[0]):
                     best = (free[d], d, r)
         if best is None:  # a cycle in the input order  # pragma: no cover
-            raise ValueError("the schedule's F/B order deadlocks")
+            raise InternalError("the W-filler's input order of F and B deadlocks")
         _, d, r = best
         op = spine[d][position[d]]
         start = max(free[d], r)
         while pending[d] and pending[d][0][0] <= free[d] + _EPS:
             w = pending[d][0][1]
-            if free[d] + _duration(costs, w) > start + slack + _EPS:
+            if free[d] + duration_ms(problem, w) > start + slack + _EPS:
                 break
             pending[d].popleft()
             run(d, w, free[d])
             start = max(free[d], r)
         if memory_cap is not None and op.kind is _F:
-            while pending[d] and held[d] + act[op.stage] > memory_cap:
+            while pending[d] and held[d] + taken(op) > memory_cap:
                 run(d, pending[d].popleft()[1], free[d])
         run(d, op, max(free[d], r))
         position[d] += 1
@@ -110,11 +107,3 @@ def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = N
     for d in range(pipe.devices):
         out[d].extend(w for _, w in pending[d])
     return Schedule.of(name or f"{schedule.name}+W", out)
-
-
-def _duration(costs, op: Op) -> float:
-    if op.kind is _F:
-        return costs.forward[op.stage]
-    if op.kind is _B:
-        return costs.backward_input[op.stage]
-    return costs.backward_weight[op.stage]

@@ -85,6 +85,8 @@ def print_result(compiled) -> None:
     """The result table and what it means, in words."""
     console.print(result_table(compiled))
     console.print(f"  {compiled.note}; lower bound: {compiled.lower_bound_reason}")
+    for warning in compiled.warnings:
+        console.print(f"  warning: {warning}")
     if compiled.resolution_ms:
         console.print(f"  exact model time unit {compiled.resolution_ms:.4g} ms; reported times are the simulator's")
 
