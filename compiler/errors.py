@@ -9,12 +9,24 @@ from __future__ import annotations
 __all__ = [
     "OptpipeError",
     "ProblemError",
+    "BudgetTooSmall",
+    "EXIT_OK",
+    "EXIT_ERROR",
+    "EXIT_NO_FIT",
+    "EXIT_USAGE",
     "ScheduleError",
     "NotApplicable",
     "SolverError",
     "InfeasibleError",
     "PlanError",
 ]
+
+
+# Exit codes, the same for every command (README "Exit codes", `optpipe --help`).
+EXIT_OK = 0  # done
+EXIT_ERROR = 1  # an error the message explains: a bad file or value, a damaged plan, an unwritable path
+EXIT_NO_FIT = 2  # no schedule fits the memory budget (or the budget is below one activation)
+EXIT_USAGE = 64  # the command line itself is wrong: unknown option, missing or malformed argument (BSD EX_USAGE)
 
 
 class OptpipeError(Exception):
@@ -25,6 +37,12 @@ class OptpipeError(Exception):
 
 class ProblemError(OptpipeError):
     """A problem file (or a problem built in code) is malformed or inconsistent."""
+
+
+class BudgetTooSmall(ProblemError):
+    """The budget is below one stage's activation: no schedule can fit, so the exit code is 2."""
+
+    exit_code = 2
 
 
 class ScheduleError(OptpipeError):
@@ -52,3 +70,10 @@ class InfeasibleError(SolverError):
 
 class PlanError(OptpipeError):
     """A plan file is damaged, foreign, or describes a program that cannot run."""
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (from a file, schedule or problem name) escaped; newlines kept."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import console
+from .common import console, markup_safe
 
 
 def add_parser(sub) -> None:
@@ -21,9 +21,9 @@ def run(args) -> int:
     program = read_plan(args.plan)
     verdict = verify(program)
     h = program.header
-    console.print(f"[green]verified[/] {args.plan}: {h.schedule_name!r}, {h.world_size} ranks, "
-                  f"{sum(verdict.instructions)} instructions, {verdict.messages} messages paired in order, "
-                  f"no deadlock ({verdict.rounds} rounds of the abstract run)")
+    console.print(f"[green]verified[/] {markup_safe(args.plan)}: {markup_safe(repr(h.schedule_name))}, "
+                  f"{h.world_size} ranks, {sum(verdict.instructions)} instructions, {verdict.messages} messages "
+                  f"paired in order, no deadlock ({verdict.waits} waits on a peer in the abstract run)")
     if args.problem:
         from .simulate_cmd import timeline_table
 
