@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import EXIT_NO_FIT
 from .common import console, markup_safe
 
 
@@ -27,5 +28,20 @@ def run(args) -> int:
     if args.problem:
         from .simulate_cmd import timeline_table
 
-        console.print(timeline_table(predict(program, load_problem(args.problem))))
+        problem = load_problem(args.problem)
+        timeline = predict(program, problem)
+        console.print(timeline_table(timeline))
+        if not timeline.fits:
+            # verify has no --budget: the advice names what the user can change, the problem file.
+            from ..units import format_size
+
+            if not timeline.fits_budget:
+                what = (f"the plan peaks at {format_size(timeline.peak)} on device {timeline.peak_device}, over "
+                        f"memory.budget = {format_size(problem.memory.budget)}")
+            else:
+                what = (f"the plan holds {format_size(max(timeline.host_peak))} on a host, over "
+                        f"offload.host_budget = {format_size(problem.offload.host_budget)}")
+            console.print(f"[red]does not fit[/]: {what} in {markup_safe(args.problem)}; recompile it with "
+                          f"`optpipe compile` for the budget it must fit, or give the devices more memory")
+            return EXIT_NO_FIT
     return 0
