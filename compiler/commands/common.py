@@ -29,7 +29,7 @@ DEFAULT_PROBLEM = Path(__file__).resolve().parent.parent / "data" / "default.tom
 # `compile` would run for many minutes to hours without a word, so they refuse up front and
 # say so. The steady state of a schedule shows at a few times `devices` microbatches.
 MAX_PAIRS = 8192  # stages x microbatches
-MAX_WORK = 2**19  # stages^2 x microbatches
+MAX_WORK = 2**18  # stages^2 x microbatches: about a minute of compare at the limit
 MAX_SECONDS = 7 * 24 * 3600.0  # --time-limit: a week
 
 
