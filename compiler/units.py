@@ -79,14 +79,15 @@ def parse_bandwidth(value: object, key: str) -> float:
     """Bytes per second from a string such as "24GB/s" or "12GiB/s", or a number of bytes/s."""
     from .errors import ProblemError
 
+    expected = f'{key}: expected a bandwidth like "24GB/s" (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB per second)'
     if isinstance(value, str):
         text = value.strip()
-        if not text.lower().endswith("/s"):
-            raise ProblemError(f'{key}: expected a bandwidth like "24GB/s", got {_shown(value)}')
+        if not text.lower().endswith("/s") or not (parsed := _split(text[:-2])) or parsed[1] not in _SIZE_UNITS:
+            raise ProblemError(f"{expected}, got {_shown(value)}")
         return float(parse_size(text[:-2], key))
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(parse_size(value, key))
-    raise ProblemError(f'{key}: expected a bandwidth like "24GB/s", got {_shown(value)}')
+    raise ProblemError(f"{expected}, got {_shown(value)}")
 
 
 def format_size(size: float) -> str:
