@@ -214,5 +214,5 @@ def _check_derived(costs: Costs, memory: Memory) -> None:
                                    f"{MAX_MILLISECONDS:.0e} ms; check the [model] sizes and hardware.tflops")
     largest = max(memory.activation)
     if largest > MAX_SIZE:
-        raise ProblemError(f"[model]: one stage's activation would be {format_size(largest)}, more than "
-                           f"{format_size(MAX_SIZE)}; check model.seq_len, micro_batch_size and hidden")
+        raise ProblemError(f"[model]: one stage's activation would be {format_size(largest)}, more than 1EiB; "
+                           f"check model.seq_len, micro_batch_size and hidden")

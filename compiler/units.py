@@ -25,6 +25,7 @@ _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z
 # Larger than any device or host memory, link or budget that exists; beyond it a value is a typo
 # (or inf/1e400 by accident) and would only turn into overflowing arithmetic downstream.
 MAX_SIZE = 2**60  # 1 EiB
+_MAX_SIZE_TEXT = "1EiB"
 _MAX_TEXT = 64  # characters in a size string; longer is not a size (and would only slow the parser)
 
 
@@ -53,9 +54,11 @@ def parse_size(value: object, key: str) -> int:
         raise ProblemError(f'{key}: expected a size like "9GiB" or a number of bytes, got {value!r}')
     if isinstance(value, int):
         if value > MAX_SIZE:
-            raise ProblemError(f"{key}: {_shown(value)} bytes is more than {format_size(MAX_SIZE)}; "
+            raise ProblemError(f"{key}: {_shown(value)} bytes is more than {_MAX_SIZE_TEXT}; "
                                f'give a real size such as "9GiB"')
-        number, unit = value, ""
+        if value <= 0:
+            raise ProblemError(f"{key}: must be greater than zero (at least one byte), got {_shown(value)}")
+        return value
     elif isinstance(value, float):
         number, unit = value, ""
     elif isinstance(value, str) and (parsed := _split(value)) and parsed[1] in _SIZE_UNITS:
@@ -67,7 +70,7 @@ def parse_size(value: object, key: str) -> int:
     if not math.isfinite(number):
         raise ProblemError(f'{key}: expected a finite size like "9GiB", got {_shown(value)}')
     if number * _SIZE_UNITS[unit] > MAX_SIZE:
-        raise ProblemError(f"{key}: {_shown(value)} is more than {format_size(MAX_SIZE)}; "
+        raise ProblemError(f"{key}: {_shown(value)} is more than {_MAX_SIZE_TEXT}; "
                            f'give a real size such as "9GiB"')
     size = round(number * _SIZE_UNITS[unit])
     if size <= 0:

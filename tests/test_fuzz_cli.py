@@ -102,7 +102,7 @@ UNITS = ["", "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "XB", "gig
 
 small_ints = st.integers(min_value=-3, max_value=9).map(str)
 wide_ints = st.integers(min_value=-(10**20), max_value=10**20).map(str)
-huge_ints = st.integers(min_value=20, max_value=6000).map(lambda n: "9" * n)
+huge_ints = st.builds(lambda sign, n: sign + "9" * n, st.sampled_from(["", "-"]), st.integers(min_value=20, max_value=6000))
 floats = st.floats(allow_nan=True, allow_infinity=True).map(_float_text)
 sizes = st.builds(lambda n, u, bw: json.dumps(f"{n}{u}" + ("/s" if bw else "")),
                   st.sampled_from(NUMBER_WORDS) | st.floats(min_value=0, max_value=1e20).map(repr),
