@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ProblemError
+from .errors import ProblemError, shown
 from .problem import MAX_MILLISECONDS, Costs, Memory, Pipeline, check_keys
 from .units import MAX_SIZE, format_size, parse_bandwidth, parse_size
 
@@ -73,12 +73,10 @@ _HARDWARE_LIMITS = {"tflops": 1e6, "mfu": 1.0}  # a million TFLOPS per device; M
 def _int(table: dict, key: str) -> int:
     value = table.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        shown = f"an integer of {value.bit_length()} bits" if isinstance(value, int) and value.bit_length() > 64 \
-            else repr(value)
-        raise ProblemError(f"model.{key}: expected a positive integer, got {shown}")
+        raise ProblemError(f"model.{key}: expected a positive integer, got {shown(value)}")
     if value > _MODEL_LIMITS[key]:
-        shown = f"an integer of {value.bit_length()} bits" if value.bit_length() > 64 else f"{value:,}"
-        raise ProblemError(f"model.{key}: {shown} is more than {_MODEL_LIMITS[key]:,}; give the model's real size")
+        raise ProblemError(f"model.{key}: {shown(value)} is more than {_MODEL_LIMITS[key]:,}; "
+                           f"give the model's real size")
     return value
 
 
@@ -86,7 +84,7 @@ def _model(table: dict) -> ModelSpec:
     check_keys(table, _MODEL_KEYS, "model")
     flash = table.get("flash_attention", False)
     if not isinstance(flash, bool):
-        raise ProblemError(f"model.flash_attention: expected true or false, got {flash!r}")
+        raise ProblemError(f"model.flash_attention: expected true or false, got {shown(flash)}")
     sizes = (_int(table, key) for key in ("layers", "hidden", "heads", "seq_len", "micro_batch_size", "vocab"))
     spec = ModelSpec(*sizes, flash_attention=flash)
     if spec.hidden % spec.heads:
@@ -100,13 +98,13 @@ def _hardware(table: dict) -> HardwareSpec:
     if "preset" in table:
         base = HARDWARE_PRESETS.get(table["preset"]) if isinstance(table["preset"], str) else None
         if base is None:
-            raise ProblemError(f"hardware.preset: unknown preset {table['preset']!r}; known presets: "
+            raise ProblemError(f"hardware.preset: unknown preset {shown(table['preset'])}; known presets: "
                                f"{', '.join(HARDWARE_PRESETS)} (or give tflops, memory and pcie_bandwidth)")
     def number(key: str, fallback):
         if key in table:
             value = table[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ProblemError(f"hardware.{key}: expected a positive number, got {value!r}")
+                raise ProblemError(f"hardware.{key}: expected a positive number, got {shown(value)}")
             if isinstance(value, int) and value.bit_length() > 64:
                 raise ProblemError(f"hardware.{key}: an integer of {value.bit_length()} bits is more than "
                                    f"{_HARDWARE_LIMITS[key]:g}; give a finite positive number")

@@ -77,3 +77,11 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)
+
+
+def shown(value: object) -> str:
+    """A user's value for a message: ``repr``, but one short line for a 5,000-digit integer or a huge string."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text):,} characters)"

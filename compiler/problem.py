@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BudgetTooSmall, ProblemError
+from .errors import shown as _shown
 from .files import read_text
-from .units import MAX_SIZE, format_bandwidth, format_size, parse_bandwidth, parse_size
+from .units import format_bandwidth, format_size, parse_bandwidth, parse_size
 
 __all__ = [
     "Placement",
@@ -175,14 +176,6 @@ def _table(data: dict, key: str, required: bool) -> dict:
     return value
 
 
-def _shown(value: Any) -> str:
-    """``repr`` that stays one short line for a 5,000-digit integer or a huge string."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an integer of {value.bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
-
-
 def _positive_int(table: dict, key: str, where: str, default: int | None = None, limit: int | None = None,
                   why: str = "") -> int:
     value = table.get(key, default)
@@ -238,7 +231,7 @@ def _pipeline(data: dict) -> Pipeline:
         placement = Placement(raw)
     except ValueError:
         options = ", ".join(f'"{p.value}"' for p in Placement)
-        raise ProblemError(f"pipeline.placement: expected one of {options}, got {raw!r}") from None
+        raise ProblemError(f"pipeline.placement: expected one of {options}, got {_shown(raw)}") from None
     if placement is Placement.VSHAPE and chunks != 2:
         raise ProblemError(
             f'pipeline.placement: "vshape" needs chunks_per_device = 2, got {chunks}; '
@@ -292,7 +285,7 @@ def _offload(data: dict) -> Offload:
     check_keys(table, _OFFLOAD_KEYS, "offload")
     enabled = table.get("enabled", bool(table))
     if not isinstance(enabled, bool):
-        raise ProblemError(f"offload.enabled: expected true or false, got {enabled!r}")
+        raise ProblemError(f"offload.enabled: expected true or false, got {_shown(enabled)}")
     if not enabled:
         return Offload()
     for key in ("d2h_bandwidth", "h2d_bandwidth"):

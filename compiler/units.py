@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 
+from .errors import shown as _shown
+
 __all__ = ["MAX_SIZE", "parse_size", "parse_bandwidth", "format_size", "format_bandwidth"]
 
 _SIZE_UNITS = {
@@ -38,20 +40,12 @@ def _split(text: str) -> tuple[float, str] | None:
     return float(match.group(1)), match.group(2).upper()
 
 
-def _shown(value: object) -> str:
-    """The value as the user wrote it, shortened when it is huge (a 5,000-digit integer)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
-        return f"an integer of {value.bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
-
-
 def parse_size(value: object, key: str) -> int:
     """Bytes from an int or a string such as "1.5GiB", "512MiB", "24GB"; errors name ``key``."""
     from .errors import ProblemError
 
     if isinstance(value, bool):
-        raise ProblemError(f'{key}: expected a size like "9GiB" or a number of bytes, got {value!r}')
+        raise ProblemError(f'{key}: expected a size like "9GiB" or a number of bytes, got {_shown(value)}')
     if isinstance(value, int):
         if value > MAX_SIZE:
             raise ProblemError(f"{key}: {_shown(value)} bytes is more than {_MAX_SIZE_TEXT}; "

@@ -102,7 +102,8 @@ UNITS = ["", "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "XB", "gig
 
 small_ints = st.integers(min_value=-3, max_value=9).map(str)
 wide_ints = st.integers(min_value=-(10**20), max_value=10**20).map(str)
-huge_ints = st.builds(lambda sign, n: sign + "9" * n, st.sampled_from(["", "-"]), st.integers(min_value=20, max_value=6000))
+huge_ints = st.builds(lambda sign, n: sign + "9" * n, st.sampled_from(["", "-"]),
+                      st.integers(min_value=20, max_value=6000))
 floats = st.floats(allow_nan=True, allow_infinity=True).map(_float_text)
 sizes = st.builds(lambda n, u, bw: json.dumps(f"{n}{u}" + ("/s" if bw else "")),
                   st.sampled_from(NUMBER_WORDS) | st.floats(min_value=0, max_value=1e20).map(repr),
@@ -114,8 +115,8 @@ plausible = st.one_of(st.integers(min_value=1, max_value=8).map(str),
                       st.floats(min_value=0.05, max_value=50).map(_float_text),
                       st.builds(lambda n, u: json.dumps(f"{n}{u}"), st.integers(min_value=1, max_value=4096),
                                 st.sampled_from(["MiB", "GiB", "MB/s", "GB/s", "GiB/s"])))
-toml_values = plausible | plausible | st.recursive(scalars, lambda inner: st.lists(inner, max_size=5).map(lambda xs: "[" + ", ".join(xs) + "]"),
-                           max_leaves=8)
+toml_values = plausible | plausible | st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=5).map(lambda xs: "[" + ", ".join(xs) + "]"), max_leaves=8)
 
 PLAIN = {
     "": {"name": '"fuzz"'},

@@ -128,7 +128,8 @@ def test_vshape_placement_maps_stages_to_a_v():
 
 @pytest.mark.parametrize("value, message", [
     (float("nan"), "finite"), (float("inf"), "finite"), ("1e400GiB", "finite"), ("inf", "expected a size"),
-    (10**5000, "an integer of"), (2**61, "bytes is more than"), ("2EiB", "expected a size"), ("9" * 100, "expected a size"),
+    (10**5000, "an integer of"), (2**61, "bytes is more than"), ("2EiB", "expected a size"),
+    ("9" * 100, "expected a size"),
     (0.4, "greater than zero"), (-(10**5000), "greater than zero"),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 20 else type(v).__name__)
 def test_sizes_are_finite_and_sane(value, message):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..units import format_size
-from .common import add_budget_argument, add_problem_argument, check_size, console, markup_safe, print_json, read_problem
+from .common import (add_budget_argument, add_problem_argument, check_size, console, markup_safe, print_json,
+                     read_problem)
 
 
 def add_parser(sub) -> None:

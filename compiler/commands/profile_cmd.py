@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--offload", action="store_true", help="measure the host link and enable [offload]")
     parser.add_argument("--p2p", type=float_in(0.0, 1e9, what="number of milliseconds"), default=None, metavar="MS",
                         help="p2p time in ms instead of measuring it between two local processes")
-    parser.add_argument("--micro-batch-size", type=int_in(1, 1024), default=None, help="sequences per microbatch (1..1024)")
+    parser.add_argument("--micro-batch-size", type=int_in(1, 1024), default=None,
+                        help="sequences per microbatch (1..1024)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--threads", type=int_in(1, 1024), default=None,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..simulate import simulate
-from .common import add_budget_argument, add_problem_argument, check_size, console, int_in, markup_safe, output_path, read_problem
+from .common import (add_budget_argument, add_problem_argument, check_size, console, int_in, markup_safe, output_path,
+                     read_problem)
 
 
 def add_parser(sub) -> None:

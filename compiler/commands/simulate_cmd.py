@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
     parser.add_argument("schedule", metavar="SCHEDULE.json")
     add_budget_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--trace", metavar="FILE", type=output_path("--trace"), help="write a Chrome-trace/Perfetto JSON")
+    parser.add_argument("--trace", metavar="FILE", type=output_path("--trace"),
+                        help="write a Chrome-trace/Perfetto JSON")
     parser.set_defaults(run=run)
 
 
