@@ -35,6 +35,7 @@ __all__ = [
     "MAX_STAGES",
     "MAX_MICROBATCHES",
     "MAX_MILLISECONDS",
+    "MIN_MILLISECONDS",
 ]
 
 # The plan file holds world size, stage count and microbatch count in 16 bits (0xFFFF means
@@ -43,6 +44,7 @@ MAX_DEVICES = 65534
 MAX_STAGES = 65534
 MAX_MICROBATCHES = 65534
 MAX_MILLISECONDS = 1e9  # one op longer than eleven days is a unit mistake, and sums of such overflow
+MIN_MILLISECONDS = 1e-6  # a compute op shorter than a nanosecond is below the simulator's time resolution
 MAX_NAME = 200  # characters
 
 
@@ -201,6 +203,9 @@ def _milliseconds(value: Any, key: str, allow_zero: bool = False) -> float:
     if value > MAX_MILLISECONDS:
         raise ProblemError(f"{key}: {_shown(value)} ms is more than {MAX_MILLISECONDS:.0e} ms (eleven days) for one "
                            f"op; give a finite time in milliseconds such as 18.5")
+    if not allow_zero and value < MIN_MILLISECONDS:
+        raise ProblemError(f"{key}: {_shown(value)} ms is less than a nanosecond ({MIN_MILLISECONDS:g} ms), below what "
+                           f"the simulator resolves; give the time in milliseconds, such as 18.5")
     return float(value)
 
 

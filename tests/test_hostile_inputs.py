@@ -114,6 +114,8 @@ def edited(old: str, new: str, base: str = BASE) -> str:
     ("microbatches = 8", "microbatches = 100000", "pipeline.microbatches"),
     ("microbatches = 8", "microbatches = 1000000000", "pipeline.microbatches"),
     ("forward = 20", "forward = 1e300", "costs.forward"),
+    ("forward = 20", "forward = 1e-12", "costs.forward"),
+    ("backward_weight = 20", "backward_weight = 5e-324", "costs.backward_weight"),
     ("forward = 20", "forward = " + "9" * 400, "costs.forward"),
     ("p2p = 0.5", "p2p = nan", "costs.p2p"),
     ('name = "t"', 'name = "t\\u001b[31m"', "name"),
