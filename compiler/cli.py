@@ -26,7 +26,7 @@ COMMANDS = ("check", "compare", "show", "simulate", "compile", "disasm", "verify
 
 EXIT_CODES_HELP = (f"exit codes (every command): {EXIT_OK} done; {EXIT_ERROR} error (the message says what and how "
                    f"to fix it); {EXIT_NO_FIT} no schedule fits the memory budget; {EXIT_USAGE} malformed command "
-                   f"line (unknown option, missing or out-of-range argument)")
+                   f"line (unknown option, missing or out-of-range argument); 130 interrupted")
 
 
 class _Parser(argparse.ArgumentParser):
