@@ -44,6 +44,9 @@ def check_writable(path: str | Path, flag: str) -> Path:
     path = Path(path)
     if str(path) == "" or path.name in ("", ".", ".."):
         raise OptpipeError(f"{flag}: {str(path)!r} is not a file name; give a path such as out/plan.opb")
+    if len(os.fsencode(path.name)) > 255:
+        raise OptpipeError(f"{flag}: the file name is {len(os.fsencode(path.name))} bytes long, more than the 255 "
+                           f"a file system allows; give a shorter name")
     folder = path.parent
     if not folder.exists():
         raise OptpipeError(f"{flag}: folder {str(folder)!r} does not exist; create it (mkdir -p {folder}) "
@@ -67,7 +70,7 @@ def write_atomic(path: str | Path, data: bytes | str, what: str = "file") -> Non
     folder = path.parent if str(path.parent) else Path(".")
     try:
         mode = path.stat().st_mode & 0o7777 if path.is_file() else _default_mode()
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp", dir=folder)
     except OSError as why:
         raise OptpipeError(f"{path}: cannot write the {what} ({why.strerror or why.__class__.__name__})") from None
     try:

@@ -521,3 +521,12 @@ def test_compare_json_is_strict_json(tmp_path):
     code, out, _ = run(["compare", BALANCED, "--json"])
     assert code == 0
     json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in --json output"))
+
+
+def test_an_overlong_output_name_is_refused_up_front(tmp_path):
+    code, _, err = run(["compile", BALANCED, "--solver", "heuristic:1F1B-capped", "-o", tmp_path / ("x" * 300)])
+    one_line_error(code, err, 64, "255")
+    # a name near the limit still leaves room for the temporary file beside it
+    name = tmp_path / ("y" * 250)
+    assert run(["compile", BALANCED, "--solver", "heuristic:1F1B-capped", "-o", name])[0] == 0
+    assert read_plan(name).header.world_size == 4
