@@ -22,7 +22,8 @@ from .errors import EXIT_ERROR, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, OptpipeError, 
 __all__ = ["main", "COMMANDS", "EXIT_CODES_HELP"]
 
 # In the order ``optpipe --help`` lists them.
-COMMANDS = ("check", "compare", "show", "simulate", "compile", "disasm", "verify", "export", "import", "profile", "demo")
+COMMANDS = ("check", "compare", "show", "simulate", "compile", "disasm", "verify", "export", "import", "profile", "train",
+            "demo")
 
 EXIT_CODES_HELP = (f"exit codes (every command): {EXIT_OK} done; {EXIT_ERROR} error (the message says what and how "
                    f"to fix it); {EXIT_NO_FIT} no schedule fits the memory budget; {EXIT_USAGE} malformed command "

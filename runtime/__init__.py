@@ -1,15 +1,41 @@
 """The torch runtime: the only part of optpipe that imports torch.
 
-- ``model``: a small GPT (nanoGPT's shape), its split into stages, synthetic data;
+The public API (see README, "Use it in your training job"):
+
+- ``PipelineRank``: one rank of a compiled plan over your own stage modules; ``step(inputs,
+  targets)`` runs a training step, gradients land in ``.grad``; ``switch_plan`` changes plans;
+- ``clip_grad_norm_``: gradient clipping by the norm over every rank's parameters;
+- ``OnlineImprover``: measure op times, re-solve in the background, switch to a faster plan;
+- ``Workload``, ``WorkloadRequest``: what a ``--model package.module:factory`` returns and gets.
+
+The modules behind it:
+
+- ``model``: a small GPT (nanoGPT's shape), its split into stages, synthetic data, and the
+  built-in factories ``tiny`` and ``small``;
 - ``split_backward``: B (input gradients) and W (weight gradients) for any stage module;
 - ``store``: saved activations per (stage, microbatch), exact byte counts, offload and reload;
-- ``comm``: non-blocking point-to-point messages over ``torch.distributed``;
-- ``interpreter``: runs one rank's instruction stream of a verified plan;
+- ``comm``: non-blocking point-to-point messages and guarded collectives over ``torch.distributed``;
+- ``interpreter``: runs one rank's instruction stream of a verified plan; ``pipeline``: the API over it;
 - ``train``: the ``torchrun`` entry point; ``launch``: N local gloo processes for tests;
+  ``launcher``: ``optpipe train``, the ranks of a job on this machine, summed up in one line;
 - ``profile``: measured costs and sizes as a problem file; ``trace``: measured vs predicted;
+- ``improve``: online improvement; ``workload``: model factories; ``options``: the training options;
 - ``demo``: profile, compile and train the tiny model, as ``make demo`` ends.
 
-Nothing is imported here, so ``import optpipe.runtime`` stays cheap until a module is used.
+Nothing is imported until a name is used, so ``import optpipe.runtime`` stays cheap.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["PipelineRank", "clip_grad_norm_", "stages_of", "OnlineImprover", "Workload", "WorkloadRequest"]
+
+_WHERE = {"PipelineRank": "pipeline", "clip_grad_norm_": "pipeline", "stages_of": "pipeline",
+          "OnlineImprover": "improve", "Workload": "workload", "WorkloadRequest": "workload"}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

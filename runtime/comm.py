@@ -7,7 +7,8 @@ Sends and receives are non-blocking; runs of them that the plan places side by s
 as one batch (``batch_isend_irecv``), which NCCL needs when two ranks exchange at once.
 
 A failed wait (the peer died, raised, or timed out) becomes ``PipelineAborted`` naming the
-message and the peer, so no rank hangs on a partner that is gone.
+message and the peer, so no rank hangs on a partner that is gone; ``collective`` does the same
+for every all-reduce, broadcast and gather the runtime makes.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .errors import PipelineAborted
+from .errors import PipelineAborted, first_line
 
-__all__ = ["Message", "P2P", "ACTIVATION", "GRADIENT", "send_meta", "recv_meta"]
+__all__ = ["Message", "P2P", "ACTIVATION", "GRADIENT", "send_meta", "recv_meta", "collective", "first_line"]
 
 ACTIVATION, GRADIENT = 0, 1
 _KIND_TEXT = {ACTIVATION: "activation", GRADIENT: "gradient"}
@@ -92,7 +93,7 @@ class P2P:
             raise self._aborted(message, error) from error
 
     def _aborted(self, message: Message, error: Exception) -> PipelineAborted:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = first_line(error)
         return PipelineAborted(
             f"rank {self.rank}: {message.describe()} failed ({first}); rank {message.peer} has probably stopped "
             f"(look for its own error above), so this rank stops too"
@@ -128,5 +129,17 @@ def _blocking(call, tensor: torch.Tensor, peer: int, tag: int) -> None:
         call(tensor, peer, tag=tag)
     except RuntimeError as error:
         raise PipelineAborted(f"rank {dist.get_rank()}: the shape handshake with rank {peer} failed "
-                              f"({str(error).strip().splitlines()[0] if str(error).strip() else error}); "
+                              f"({first_line(error)}); "
                               f"rank {peer} has probably stopped (look for its own error)") from error
+
+
+def collective(what: str, call, *args, **kwargs):
+    """Run a collective (``dist.all_reduce`` and the like); a lost peer or a timeout becomes one line.
+
+    ``what`` names it for the message: "the loss all-reduce failed (...)".
+    """
+    try:
+        return call(*args, **kwargs)
+    except (RuntimeError, ValueError) as error:  # DistBackendError and DistNetworkError are RuntimeErrors
+        raise PipelineAborted(f"rank {dist.get_rank()}: {what} failed ({first_line(error)}); another rank has "
+                              f"probably stopped (look for its own error), so this rank stops too") from error

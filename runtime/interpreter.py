@@ -15,6 +15,7 @@ of the mean loss over the whole batch. The caller zeroes gradients and steps the
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,13 +27,13 @@ from optpipe.compiler.errors import OptpipeError, PlanError
 from optpipe.compiler.program import Instruction, Opcode, Program
 from optpipe.compiler.verify import verify
 
-from .comm import ACTIVATION, GRADIENT, P2P, Message, recv_meta, send_meta
+from .comm import ACTIVATION, GRADIENT, P2P, Message, first_line, recv_meta, send_meta
 from .errors import PipelineAborted
 from .model import Batch
 from .split_backward import StageGrad, touch_saved_tensors
 from .store import ActivationStore, module_tensors
 
-__all__ = ["Interpreter", "StepResult", "InstructionRecord", "check_plan"]
+__all__ = ["Interpreter", "StepResult", "InstructionRecord", "check_plan", "check_world"]
 
 O = Opcode
 _POSTS = frozenset({O.SEND_ACTIVATION, O.SEND_GRADIENT, O.POST_RECV_ACTIVATION, O.POST_RECV_GRADIENT})
@@ -58,8 +59,8 @@ class StepResult:
     started_ns: int = 0  # host clock (perf_counter_ns) when the step began; records count from here
 
 
-def check_plan(program: Program, rank: int, world_size: int, stages: dict[int, nn.Module]) -> None:
-    """Everything that can be checked without talking to another rank; raises PlanError."""
+def check_world(program: Program, rank: int, world_size: int) -> None:
+    """The plan is for this job's world size and ``rank`` is one of its ranks; raises PlanError."""
     header = program.header
     if header.world_size != world_size:
         raise PlanError(
@@ -69,6 +70,12 @@ def check_plan(program: Program, rank: int, world_size: int, stages: dict[int, n
         )
     if not 0 <= rank < world_size:
         raise PlanError(f"rank {rank} is outside the job's {world_size} ranks")
+
+
+def check_plan(program: Program, rank: int, world_size: int, stages: dict[int, nn.Module]) -> None:
+    """Everything that can be checked without talking to another rank; raises PlanError."""
+    header = program.header
+    check_world(program, rank, world_size)
     verify(program)
     expected = header.stages_on(rank)
     if tuple(sorted(stages)) != expected:
@@ -167,12 +174,42 @@ class Interpreter:
                 shape, dtype = recv_meta(rank_of[s - 1], self._meta_tag(s), self.device)
                 x = torch.zeros(shape, dtype=dtype, device=self.device)
             self._in_shape[s] = (x.shape, x.dtype)
-            with torch.no_grad():
-                y = self.stages[s](x)
+            with torch.no_grad(), self._forward_context():
+                try:
+                    y = self.stages[s](x)
+                except Exception as error:
+                    raise self._split_error(s, x, error) from error
+            if not isinstance(y, torch.Tensor):
+                raise PlanError(f"stage {s}'s module returned a {type(y).__name__}; a stage must return one tensor "
+                                f"(the next stage's input, or the last stage's output for the loss)")
             self._out_shape[s] = (y.shape, y.dtype)
             if s < self.last_stage and rank_of[s + 1] != self.rank:
                 send_meta(y, rank_of[s + 1], self._meta_tag(s + 1))
             previous = y
+
+    def _split_error(self, stage: int, x: torch.Tensor, error: Exception) -> PlanError:
+        """A stage that cannot take its input: the model split does not match the plan."""
+        first = first_line(error)
+        given = f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+        if stage == 0:
+            return PlanError(f"stage 0's module fails on one microbatch of the input ({given}): "
+                             f"{type(error).__name__}: {first}; check the batch and the first stage module")
+        return PlanError(f"stage {stage}'s module fails on the output of stage {stage - 1} ({given}): "
+                         f"{type(error).__name__}: {first}; the model split does not match between stages "
+                         f"{stage - 1} and {stage}: stage {stage - 1}'s output must be what stage {stage} takes")
+
+    def _forward_context(self):
+        """Autocast as the caller set it, but without its weight-cast cache.
+
+        The cache keeps one low-precision copy of each weight for the whole autocast region, and
+        that copy is saved for backward like an activation; the store empties a microbatch's
+        activations after its backward while later microbatches in the same region would reuse
+        the copy. Without the cache each forward casts (and saves) its own copy.
+        """
+        kind = self.device.type
+        if torch.is_autocast_enabled(kind):
+            return torch.autocast(kind, dtype=torch.get_autocast_dtype(kind), cache_enabled=False)
+        return contextlib.nullcontext()
 
     def _meta_tag(self, stage: int) -> int:
         return 2 * self.header.stages * self.microbatches + stage  # beyond every message tag
@@ -245,8 +282,19 @@ class Interpreter:
     def _loss(self, ins: Instruction) -> None:
         key = (ins.stage, ins.microbatch)
         targets = self._batch.targets[ins.microbatch].to(self.device, non_blocking=True, copy=True)
+        output = self._fwd[key].output
         with self.store.capture(*key):
-            loss = self.loss_fn(self._fwd[key].output, targets)
+            try:
+                loss = self.loss_fn(output, targets)
+            except Exception as error:
+                first = first_line(error)
+                raise PlanError(f"the loss function fails on the last stage's output (a {output.dtype} tensor of "
+                                f"shape {tuple(output.shape)}) and the targets of microbatch {ins.microbatch} (a "
+                                f"{targets.dtype} tensor of shape {tuple(targets.shape)}): {type(error).__name__}: "
+                                f"{first}") from error
+        if loss.dim() != 0:
+            raise PlanError(f"the loss function returned a tensor of shape {tuple(loss.shape)}; it must return one "
+                            f"number per microbatch (the mean loss of the microbatch, as reduction='mean' gives)")
         self._root[key] = loss
         value = loss.detach()
         self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
@@ -256,7 +304,7 @@ class Interpreter:
     def _forward(self, ins: Instruction) -> None:
         key = (ins.stage, ins.microbatch)
         x = self._x.pop(key)
-        with self.store.capture(*key):
+        with self.store.capture(*key), self._forward_context():
             self._fwd[key] = self.runners[ins.stage].forward(x)
 
     def _backward_args(self, key) -> tuple[list, list]:
@@ -321,6 +369,12 @@ class Interpreter:
             op = ins.opcode
             if op is O.SEND_ACTIVATION:
                 tensor = self._fwd[(s, i)].output.detach().contiguous()
+                if (tensor.shape, tensor.dtype) != self._out_shape[s]:
+                    shape, dtype = self._out_shape[s]
+                    raise PlanError(f"stage {s}'s output for microbatch {i} is a {tensor.dtype} tensor of shape "
+                                    f"{tuple(tensor.shape)}, but it was {dtype} {tuple(shape)} in the first step; "
+                                    f"messages between ranks keep their first shape: give every step the same "
+                                    f"microbatch shape (DataLoader(..., drop_last=True)) and the same autocast")
                 if self.store.holds(tensor):
                     # The forward also saved its output: an offload could empty that storage while
                     # the send still reads it, so the message gets its own copy.

@@ -31,6 +31,9 @@ __all__ = [
     "loss_fn",
     "synthetic_batch",
     "Batch",
+    "SyntheticBatches",
+    "tiny",
+    "small",
 ]
 
 
@@ -264,3 +267,36 @@ def synthetic_batch(config: GPTConfig, microbatches: int, step: int, seed: int) 
     inputs = tuple(c.contiguous() for c in tokens[:, :-1].split(config.micro_batch_size))
     targets = tuple(c.contiguous() for c in tokens[:, 1:].split(config.micro_batch_size))
     return Batch(inputs, targets)
+
+
+class SyntheticBatches:
+    """``synthetic_batch`` for steps 0, 1, 2, ... as whole batches ``(inputs, targets)``, without end."""
+
+    def __init__(self, config: GPTConfig, microbatches: int, seed: int):
+        self.config, self.microbatches, self.seed = config, microbatches, seed
+
+    def __iter__(self):
+        step = 0
+        while True:
+            batch = synthetic_batch(self.config, self.microbatches, step, self.seed)
+            yield torch.cat(batch.inputs), torch.cat(batch.targets)
+            step += 1
+
+
+def _gpt_workload(name: str, request):
+    from .workload import Workload
+
+    overrides = {"micro_batch_size": request.micro_batch_size} if request.micro_batch_size else {}
+    config = config_named(name, **overrides)
+    stages = split_stages(build_model(config, request.seed), request.stages)
+    return Workload(stages, loss_fn, SyntheticBatches(config, request.microbatches, request.seed), name=name)
+
+
+def tiny(request):
+    """The built-in factory ``--model tiny``: the tiny GPT on synthetic tokens."""
+    return _gpt_workload("tiny", request)
+
+
+def small(request):
+    """The built-in factory ``--model small``."""
+    return _gpt_workload("small", request)

@@ -22,7 +22,8 @@ import torch
 from optpipe.compiler.errors import OptpipeError
 from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
-from .model import GPTConfig, build_model, loss_fn, split_stages, synthetic_batch
+from .model import GPTConfig, SyntheticBatches, build_model, loss_fn, split_stages
+from .workload import Workload, WorkloadRequest, load_workload
 from .split_backward import StageGrad, touch_saved_tensors
 from .store import ActivationStore, module_tensors
 
@@ -45,18 +46,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_stages(config: GPTConfig, stages: int, *, device: torch.device | str = "cpu",
+def profile_stages(model: GPTConfig | str | Workload, stages: int, *, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32, seed: int = 0, repeats: int = 5,
-                   warmup: int = 2) -> list[StageProfile]:
-    """Per stage: median F, B, W times and the store's byte counts for one microbatch."""
+                   warmup: int = 2, microbatches: int = 1,
+                   micro_batch_size: int | None = None) -> list[StageProfile]:
+    """Per stage: median F, B, W times and the store's byte counts for one microbatch.
+
+    ``model``: a GPT config, a factory name (``tiny``, ``package.module:factory``) or a Workload
+    split into ``stages``; its first batch, split into ``microbatches``, gives the microbatch.
+    """
     if repeats < 1:
         raise OptpipeError(f"--repeats: expected at least 1, got {repeats}")
     device = torch.device(device)
-    model = build_model(config, seed, dtype).to(device)
-    parts = split_stages(model, stages)
-    batch = synthetic_batch(config, 1, 0, seed)
-    tokens, targets = batch.inputs[0].to(device), batch.targets[0].to(device)
-    weights = module_tensors([model])
+    workload = _workload(model, stages, microbatches, seed, micro_batch_size, dtype)
+    parts = [m.to(device) for m in workload.stages]
+    tokens, targets = _first_microbatch(workload, microbatches)
+    tokens, targets = tokens.to(device), targets.to(device)
+    loss_fn = workload.loss_fn
+    weights = module_tensors(parts)
     result = []
     x_next: torch.Tensor = tokens
     for s, stage in enumerate(parts):
@@ -118,6 +125,37 @@ def profile_stages(config: GPTConfig, stages: int, *, device: torch.device | str
     return result
 
 
+def _workload(model, stages: int, microbatches: int, seed: int, micro_batch_size: int | None,
+              dtype: torch.dtype) -> Workload:
+    if isinstance(model, GPTConfig):
+        parts = split_stages(build_model(model, seed, dtype), stages)
+        return Workload(parts, loss_fn, SyntheticBatches(model, microbatches, seed), name="gpt")
+    workload = model if isinstance(model, Workload) else load_workload(
+        model, WorkloadRequest(stages, microbatches, seed, micro_batch_size))
+    if len(workload.stages) != stages:
+        raise OptpipeError(f"the workload has {len(workload.stages)} stages, the profile asks for {stages}")
+    if dtype != torch.float32:
+        workload.stages = [m.to(dtype=dtype) for m in workload.stages]
+    return workload
+
+
+def _first_microbatch(workload: Workload, microbatches: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first microbatch of the workload's first batch (the runtime splits batches the same way)."""
+    try:
+        batch = next(iter(workload.batches))
+    except StopIteration:
+        raise OptpipeError(f"{workload.name}: the batch source yielded no batch") from None
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise OptpipeError(f"{workload.name}: a batch must be a pair (inputs, targets), got {type(batch).__name__}")
+    inputs, targets = batch
+    for what, tensor in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0 or tensor.shape[0] % microbatches:
+            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise OptpipeError(f"{workload.name}: the batch's {what} ({shape}) do not split into {microbatches} "
+                               f"microbatches along the first dimension")
+    return inputs.chunk(microbatches)[0], targets.chunk(microbatches)[0]
+
+
 def _ping_pong(rank: int, world_size: int, shape: tuple[int, ...], dtype: torch.dtype, rounds: int) -> float:
     import torch.distributed as dist
 
@@ -169,11 +207,11 @@ def measure_host_link(nbytes: int, device: torch.device | str, rounds: int = 10)
     return nbytes / max(statistics.median(d2h), 1e-9), nbytes / max(statistics.median(h2d), 1e-9)
 
 
-def profile_problem(config: GPTConfig, *, devices: int, chunks: int, microbatches: int,
+def profile_problem(model: GPTConfig | str | Workload, *, devices: int, chunks: int, microbatches: int,
                     placement: Placement = Placement.INTERLEAVED, budget: int | None = None,
                     offload: bool = False, p2p_ms: float | None = None, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32, seed: int = 0, repeats: int = 5,
-                    name: str = "profiled") -> Problem:
+                    name: str = "profiled", micro_batch_size: int | None = None) -> Problem:
     """A problem whose costs and sizes were measured on this machine.
 
     ``budget`` defaults to what holding every microbatch's activation at once needs (nothing
@@ -183,7 +221,8 @@ def profile_problem(config: GPTConfig, *, devices: int, chunks: int, microbatche
     if placement is Placement.VSHAPE and chunks != 2:
         raise OptpipeError('--placement vshape needs --chunks 2')
     stages = pipeline.stages
-    profiles = profile_stages(config, stages, device=device, dtype=dtype, seed=seed, repeats=repeats)
+    profiles = profile_stages(model, stages, device=device, dtype=dtype, seed=seed, repeats=repeats,
+                              microbatches=microbatches, micro_batch_size=micro_batch_size)
     if p2p_ms is None:
         boundary = profiles[0]
         p2p_ms = measure_p2p(boundary.output_shape, boundary.output_dtype) if stages > 1 else 0.0

@@ -1,25 +1,33 @@
-"""Training entry point: a small GPT on synthetic tokens, pipelined by a compiled plan.
+"""Training entry point: a plan over a model from a factory (the built-in GPT by default).
 
     torchrun --nproc-per-node 4 -m optpipe.runtime.train --plan PLAN.opb --model tiny --steps 20
+    torchrun --nproc-per-node 2 -m optpipe.runtime.train --plan PLAN.opb --model examples.reverse:workload
 
-Every rank builds the same model from the seed, keeps its own stages, and runs the plan's
-instruction stream once per step; the optimizer (AdamW) steps each rank's parameters. Rank 0
-prints ``step N loss X`` for every step under a ``rich`` progress bar. The plan is read and
-checked against the world size before the process group is even joined, so a plan for
-another world size is refused before any communication. CPU runs use gloo, GPU runs NCCL,
-with no change to the command; torchrun's multi-node options work as usual.
+Every rank calls the model factory (``--model tiny``, ``small`` or ``package.module:factory``,
+see ``workload.py``), keeps its own stages, and runs them through ``PipelineRank``; the
+optimizer (AdamW) steps each rank's parameters. Rank 0 prints ``step N loss X`` for every step
+under a ``rich`` progress bar. The options, the plan and the model are checked before the
+process group is joined, so a bad option, a damaged plan or a plan for another world size is
+one line per rank before any communication. CPU runs use gloo, GPU runs NCCL, with no change
+to the command; torchrun's multi-node options work as usual.
+
+Every failure is one line per rank, ``rank R: error: ...``, within ``--timeout``: a bad option,
+a taken port or a peer that never arrives (joining is watched by a timer), a peer that dies in
+a point-to-point message or in a collective. ``optpipe train`` runs the ranks on this machine
+and sums them up in one line (torchrun prints its own ChildFailedError report after them).
 
 ``--trace FILE`` writes a Chrome trace of the last step: each rank's measured instructions
 and, beside them, the simulator's prediction (for ``--problem`` when given, else for the
-costs and sizes measured in this run).
+costs and sizes measured in this run). ``--improve`` (with ``--problem``) measures op times,
+re-solves in the background and switches every rank to a faster plan (``improve.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -32,9 +40,12 @@ from optpipe.compiler.bytecode import read_plan
 from optpipe.compiler.errors import OptpipeError
 from optpipe.compiler.program import Program
 
-from .comm import P2P
-from .interpreter import InstructionRecord, Interpreter, StepResult, check_plan
-from .model import build_stages, config_named, loss_fn, synthetic_batch
+from .comm import collective, first_line
+from .errors import PipelineAborted
+from .interpreter import InstructionRecord, StepResult, check_plan
+from .options import LineParser, add_train_arguments, check
+from .pipeline import PipelineRank
+from .workload import Workload, WorkloadRequest, batch_stream, load_workload
 
 __all__ = ["TrainOptions", "RankReport", "train_rank", "main", "DTYPES"]
 
@@ -43,7 +54,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True)
 class TrainOptions:
-    model: str = "tiny"
+    model: str = "tiny"  # tiny, small, or package.module:factory
     steps: int = 10
     seed: int = 0
     lr: float = 1e-2
@@ -54,6 +65,12 @@ class TrainOptions:
     trace: bool = False  # record every instruction's time in the last step
     gradients: bool = False  # report the last step's gradients (before the update)
     timeout_s: float = 60.0  # a wait on a peer longer than this is an error, not a hang
+    improve: bool = False  # online improvement (needs the problem)
+    improve_after: int = 3  # steps measured
+    improve_time_limit: float = 20.0
+    improve_min_gain: float = 0.02
+    improve_solver: str = "cpsat"
+    improve_wait: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,8 @@ class RankReport:
     records: tuple[InstructionRecord, ...] = ()  # last step, when tracing
     step_started_ns: int = 0  # host clock at the start of the last step
     gradients: dict[str, object] = field(default_factory=dict)  # global parameter name -> numpy array
+    plans: tuple[str, ...] = ()  # per step, the schedule name of the plan it ran
+    program: Program | None = None  # the plan of the last step (online improvement may have changed it)
 
 
 def _device(choice: str, local_rank: int) -> torch.device:
@@ -83,43 +102,94 @@ def _device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def make_workload(program: Program, options: TrainOptions) -> Workload:
+    header = program.header
+    return load_workload(options.model, WorkloadRequest(header.stages, header.microbatches, options.seed,
+                                                        options.micro_batch_size))
+
+
 def train_rank(rank: int, world_size: int, program: Program, options: TrainOptions,
-               on_step: Callable[[int, StepResult], None] | None = None, local_rank: int | None = None) -> RankReport:
+               on_step: Callable[[int, StepResult], None] | None = None, local_rank: int | None = None, *,
+               workload: Workload | None = None, problem=None, log: Callable[[str], None] | None = None
+               ) -> RankReport:
     """Train on this rank of an initialised process group (or alone when ``world_size`` is 1)."""
     if options.dtype not in DTYPES:
         raise OptpipeError(f"--dtype: expected one of {', '.join(DTYPES)}, got {options.dtype!r}")
     device = _device(options.device, rank if local_rank is None else local_rank)
-    overrides = {"micro_batch_size": options.micro_batch_size} if options.micro_batch_size else {}
-    config = config_named(options.model, **overrides)
-    header = program.header
-    mine = header.stages_on(rank)
-    stages = build_stages(config, header.stages, mine, options.seed, device, DTYPES[options.dtype])
-    comm = P2P(header.stages, header.microbatches, timedelta(seconds=options.timeout_s)) if world_size > 1 else None
-    interpreter = Interpreter(program, rank, stages, loss_fn, device=device, comm=comm, trace=False)
-    params = [p for s in mine for p in stages[s].parameters()]
+    workload = workload or make_workload(program, options)
+    mine = program.header.stages_on(rank)
+    modules = {s: workload.stages[s] for s in mine}
+    if options.dtype != "float32":
+        modules = {s: m.to(dtype=DTYPES[options.dtype]) for s, m in modules.items()}
+    names = _parameter_names(modules, workload)
+    workload.stages = [m if s in modules else None for s, m in enumerate(workload.stages)]  # drop the others
+    pipe = PipelineRank(program, modules, workload.loss_fn, device=device, timeout=options.timeout_s)
+    if pipe.rank != rank:
+        raise OptpipeError(f"train_rank was told rank {rank} but the process group says {pipe.rank}")
+    improver = None
+    if options.improve:
+        if problem is None:
+            raise OptpipeError("--improve needs --problem: the problem the plan was compiled for")
+        from .improve import OnlineImprover
+
+        improver = OnlineImprover(problem, measure_steps=options.improve_after,
+                                  time_limit_s=options.improve_time_limit, min_gain=options.improve_min_gain,
+                                  solver=options.improve_solver, wait=options.improve_wait, log=log)
+    params = list(pipe.parameters())
     optimizer = _optimizer(options, params)
-    losses, seconds, peaks = [], [], []
+    batches = batch_stream(workload.batches)
+    losses, seconds, peaks, plans = [], [], [], []
     gradients: dict[str, object] = {}
-    result = None
-    for step in range(options.steps):
-        batch = synthetic_batch(config, header.microbatches, step, options.seed)
-        interpreter.trace = options.trace and step == options.steps - 1
-        for p in params:
-            p.grad = None
-        result = interpreter.step(batch)
-        if options.gradients and step == options.steps - 1:
-            for s in mine:
-                for local, p in stages[s].named_parameters():
-                    gradients[stages[s].global_names[local]] = p.grad.detach().float().cpu().numpy().copy()
-        if optimizer is not None:
-            optimizer.step()
-        losses.append(result.loss)
-        seconds.append(result.seconds)
-        peaks.append(result.peak_activation_bytes)
-        if on_step is not None:
-            on_step(step, result)
-    return RankReport(rank, mine, tuple(losses), tuple(seconds), tuple(peaks), dict(interpreter.activation_bytes),
-                      result.records if result is not None else (), result.started_ns if result else 0, gradients)
+    try:
+        for step in range(options.steps):
+            inputs, targets = _next_batch(batches, step)
+            if improver is not None:
+                improver.before_step(pipe, step)
+            pipe.trace = pipe.trace or (options.trace and step == options.steps - 1)
+            plans.append(pipe.program.header.schedule_name)
+            for p in params:
+                p.grad = None
+            pipe.step(inputs, targets)
+            result = pipe.last
+            if options.gradients and step == options.steps - 1:
+                for p in params:
+                    gradients[names[id(p)]] = p.grad.detach().float().cpu().numpy().copy()
+            if optimizer is not None:
+                optimizer.step()
+            losses.append(result.loss)
+            seconds.append(result.seconds)
+            peaks.append(result.peak_activation_bytes)
+            if on_step is not None:
+                on_step(step, result)
+            if improver is not None:
+                improver.after_step(pipe, step)
+            pipe.trace = False
+    finally:
+        if improver is not None:
+            improver.close()
+    result = pipe.last
+    return RankReport(rank, mine, tuple(losses), tuple(seconds), tuple(peaks), pipe.activation_bytes,
+                      result.records if result is not None else (), result.started_ns if result else 0, gradients,
+                      tuple(plans), pipe.program)
+
+
+def _parameter_names(modules: dict, workload: Workload) -> dict[int, str]:
+    """id(parameter) -> its name in the whole model (for comparing gradients with one process)."""
+    names = {}
+    for s, module in modules.items():
+        global_names = getattr(module, "global_names", None) or {}
+        for local, p in module.named_parameters():
+            given = (workload.parameter_names or {}).get(id(p))
+            names[id(p)] = given or global_names.get(local) or f"stage{s}.{local}"
+    return names
+
+
+def _next_batch(batches, step: int):
+    batch = next(batches)
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise OptpipeError(f"step {step}: the workload's batch source yielded a {type(batch).__name__}; "
+                           f"each batch must be a pair (inputs, targets)")
+    return batch
 
 
 def _optimizer(options: TrainOptions, params: list) -> torch.optim.Optimizer | None:
@@ -135,26 +205,11 @@ def _optimizer(options: TrainOptions, params: list) -> torch.optim.Optimizer | N
 # --------------------------------------------------------------------------- command line
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optpipe.runtime.train",
-                                     description="Train a small GPT on synthetic tokens with a compiled pipeline plan "
-                                                 "(launch with torchrun, one process per plan rank).")
-    parser.add_argument("--plan", required=True, metavar="PLAN.opb", help="plan file from `optpipe compile`")
-    parser.add_argument("--model", default="tiny", help="tiny or small (default tiny)")
-    parser.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
-    parser.add_argument("--lr", type=float, default=1e-2, help="learning rate (default 1e-2)")
-    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd", "none"),
-                        help="none computes the gradients and leaves the weights (default adamw)")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="parameter and activation dtype")
-    parser.add_argument("--micro-batch-size", type=int, default=None, help="sequences per microbatch")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--trace", metavar="FILE",
-                        help="write a Chrome trace of the last step (measured and predicted)")
-    parser.add_argument("--problem", metavar="PROBLEM.toml", help="the problem the plan was compiled for, "
-                                                                   "for the predicted half of the trace")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on a peer before it "
-                                                                    "gives up with an error (default 60)")
+def _parser() -> LineParser:
+    parser = LineParser(prog="python -m optpipe.runtime.train",
+                        description="Train a model with a compiled pipeline plan (launch with torchrun or "
+                                    "`optpipe train`, one process per plan rank).")
+    add_train_arguments(parser)
     return parser
 
 
@@ -168,61 +223,113 @@ def _env_int(name: str, default: int) -> int:
         raise OptpipeError(f"environment {name}={value!r}: expected an integer (set by torchrun)") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    rank = _env_int("RANK", 0)
-    world_size = _env_int("WORLD_SIZE", 1)
-    local_rank = _env_int("LOCAL_RANK", rank)
-    try:
-        if args.steps < 1:
-            raise OptpipeError(f"--steps: expected at least 1, got {args.steps}")
-        program = read_plan(args.plan)
-        # Everything about the plan is checked here, before joining the process group.
-        config = config_named(args.model)
-        check_plan(program, rank, world_size, {s: None for s in program.header.stages_on(rank)})
-        from .model import layers_per_stage
+def _say(rank: int | str, error: BaseException) -> None:
+    """``rank R: error: ...`` on one line, without the rank twice."""
+    message = str(error).strip()
+    prefix = f"rank {rank}: "
+    while message.startswith(prefix):
+        message = message[len(prefix):]
+    message = message.splitlines()[0] if message else type(error).__name__
+    print(f"rank {rank}: error: {message}", file=sys.stderr, flush=True)
 
-        layers_per_stage(config.n_layer, program.header.stages)
+
+def main(argv: list[str] | None = None) -> int:
+    rank: int | str = os.environ.get("RANK", "0")  # for the messages until it is known to be a number
+    try:
+        rank = _env_int("RANK", 0)
+        world_size = _env_int("WORLD_SIZE", 1)
+        local_rank = _env_int("LOCAL_RANK", rank)
+        args = _parser().parse_args(argv)
+        check(args)
+        options = TrainOptions(model=args.model, steps=args.steps, seed=args.seed, lr=args.lr,
+                               optimizer=args.optimizer, dtype=args.dtype, micro_batch_size=args.micro_batch_size,
+                               device=args.device, trace=bool(args.trace), timeout_s=args.timeout,
+                               improve=args.improve, improve_after=args.improve_after,
+                               improve_time_limit=args.improve_time_limit, improve_min_gain=args.improve_min_gain,
+                               improve_solver=args.improve_solver, improve_wait=args.improve_wait)
+        # Everything about the plan and the model is checked here, before joining the process group.
         problem = None
         if args.problem:
             from optpipe.compiler.problem import load_problem
-            from optpipe.compiler.verify import check_against_problem
 
             problem = load_problem(args.problem)
+        if args.plan:
+            program = read_plan(args.plan)
+        else:
+            from .improve import starting_plan
+
+            program = starting_plan(problem)
+        check_plan(program, rank, world_size, {s: None for s in program.header.stages_on(rank)})
+        if problem is not None:
+            from optpipe.compiler.verify import check_against_problem
+
             check_against_problem(program, problem)
+        workload = make_workload(program, options)
+        use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        if use_cuda and not torch.cuda.is_available():
+            raise OptpipeError("--device cuda: this machine has no CUDA device; use --device cpu")
     except OptpipeError as error:
-        print(f"rank {rank}: error: {error}", file=sys.stderr)
+        _say(rank, error)
         return error.exit_code
 
-    options = TrainOptions(model=args.model, steps=args.steps, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
-                           dtype=args.dtype,
-                           micro_batch_size=args.micro_batch_size, device=args.device, trace=bool(args.trace),
-                           timeout_s=args.timeout)
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if world_size > 1:
-        if use_cuda:
-            torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=args.timeout))
     try:
-        report = _run(rank, world_size, local_rank, program, options, use_cuda)
+        if world_size > 1:
+            if use_cuda:
+                torch.cuda.set_device(local_rank % torch.cuda.device_count())
+            _join("nccl" if use_cuda else "gloo", rank, args.timeout)
+        if rank == 0 and not args.plan:
+            print(f"improve: starting on {program.header.schedule_name}, the best fitting heuristic of "
+                  f"{problem.name}", flush=True)
+        report = _run(rank, world_size, local_rank, program, options, use_cuda, workload, problem)
         if args.trace:
-            _write_trace(args.trace, rank, world_size, program, report, problem)
+            _write_trace(args.trace, rank, world_size, report.program or program, report, problem)
+        if world_size > 1:
+            collective("the final barrier", dist.barrier)
+            dist.destroy_process_group()  # a clean teardown: no gloo thread left for exit to trip on
     except OptpipeError as error:
-        print(f"rank {rank}: error: {error}", file=sys.stderr, flush=True)
-        os._exit(error.exit_code)  # the peers see the connection drop and stop too
-    except BaseException:
+        _say(rank, error)
+        return error.exit_code  # the caller leaves with os._exit: the peers see the connection drop
+    except KeyboardInterrupt:
+        print(f"rank {rank}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except Exception as error:  # a bug in optpipe (or in the user's code outside a step): say so, then show it
         import traceback
 
+        print(f"rank {rank}: internal error: {type(error).__name__}: {first_line(error)} (the traceback "
+              f"follows; if it is in optpipe, please report it)", file=sys.stderr, flush=True)
         traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    if world_size > 1:
-        dist.destroy_process_group()
+        return 1
     return 0
 
 
+def _join(backend: str, rank: int, timeout: float) -> None:
+    """init_process_group, bounded by ``timeout`` even where torch's own wait is not."""
+    joined = threading.Event()
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+
+    def watchdog() -> None:
+        if not joined.wait(timeout):
+            print(f"rank {rank}: error: could not join the job at {where} within {timeout:g} s (--timeout): not "
+                  f"every rank arrived; look for another rank's error, check the address, and that no other "
+                  f"program holds the port", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    threading.Thread(target=watchdog, name="optpipe-join-watchdog", daemon=True).start()
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    except Exception as error:  # DistNetworkError, DistStoreError, ValueError from a bad environment
+        text = first_line(error)
+        if "EADDRINUSE" in text or "address already in use" in text.lower():
+            raise PipelineAborted(f"cannot start the job at {where}: the port is taken by another program; "
+                                  f"choose another (torchrun --master-port PORT, or --rdzv-endpoint HOST:PORT)"
+                                  ) from None
+        raise PipelineAborted(f"could not join the job at {where}: {text}") from None
+    finally:
+        joined.set()
+
+
 def _run(rank: int, world_size: int, local_rank: int, program: Program, options: TrainOptions,
-         use_cuda: bool) -> RankReport:
+         use_cuda: bool, workload: Workload, problem) -> RankReport:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -237,14 +344,19 @@ def _run(rank: int, world_size: int, local_rank: int, program: Program, options:
         value = result.loss if result.loss is not None else 0.0
         if world_size > 1:  # the loss lives on the last stage's rank; everyone else adds zero
             tensor = torch.tensor([value], dtype=torch.float64, device=device)
-            dist.all_reduce(tensor)
+            collective("the loss all-reduce", dist.all_reduce, tensor)
             value = float(tensor.item())
         if rank == 0:
             progress.update(task, advance=1, loss=f"{value:.4f}")
             print(f"step {step} loss {value:.6f}", flush=True)
 
+    def log(line: str) -> None:
+        if rank == 0:
+            print(line, flush=True)
+
     with progress:
-        return train_rank(rank, world_size, program, options, on_step, local_rank)
+        return train_rank(rank, world_size, program, options, on_step, local_rank, workload=workload,
+                          problem=problem, log=log)
 
 
 def _write_trace(path: str, rank: int, world_size: int, program: Program, report: RankReport, problem) -> None:
@@ -253,7 +365,7 @@ def _write_trace(path: str, rank: int, world_size: int, program: Program, report
     reports = [report]
     if world_size > 1:
         gathered: list = [None] * world_size
-        dist.all_gather_object(gathered, report)
+        collective("gathering the trace", dist.all_gather_object, gathered, report)
         reports = gathered
     if rank == 0:
         Path(path).write_text(json.dumps(run_trace(program, reports, problem)))
@@ -261,4 +373,7 @@ def _write_trace(path: str, rank: int, world_size: int, program: Program, report
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # past torch's C++ destructors, which may abort ("terminate called ...") at exit

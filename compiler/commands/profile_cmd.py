@@ -18,7 +18,9 @@ from .common import console, float_in, int_in, markup_safe, output_path, size_op
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("profile", help="measure F, B, W times and activation sizes of a model; write a problem")
-    parser.add_argument("--model", default="tiny", help="tiny or small (default tiny)")
+    parser.add_argument("--model", default="tiny", metavar="MODEL",
+                        help="tiny, small (the built-in GPT), or package.module:factory returning an "
+                             "optpipe.runtime.workload.Workload (default tiny)")
     parser.add_argument("--devices", type=int_in(1, MAX_DEVICES), required=True, metavar="P", help="pipeline ranks")
     parser.add_argument("--chunks", type=int_in(1, MAX_STAGES), default=1, metavar="V",
                         help="stages per rank (default 1)")
@@ -54,13 +56,10 @@ def run(args) -> int:
     placement = Placement(args.placement) if args.placement else Placement.INTERLEAVED
     budget = args.budget
 
-    from optpipe.runtime.model import config_named, layers_per_stage
     from optpipe.runtime.profile import profile_problem
     from optpipe.runtime.train import DTYPES, _device
+    from optpipe.runtime.workload import WorkloadRequest, load_workload
 
-    overrides = {"micro_batch_size": args.micro_batch_size} if args.micro_batch_size else {}
-    config = config_named(args.model, **overrides)
-    layers_per_stage(config.n_layer, args.devices * args.chunks)
     device = _device(args.device, 0)
     import torch
 
@@ -68,9 +67,12 @@ def run(args) -> int:
     if threads < 1:
         raise OptpipeError(f"--threads: expected a positive integer, got {threads}")
     torch.set_num_threads(threads)
-    name = args.name or f"{args.model}-p{args.devices}-v{args.chunks}-m{args.microbatches}"
-    with console.status(f"profiling {args.devices * args.chunks} stages of the {args.model} model on {device}"):
-        problem = profile_problem(config, devices=args.devices, chunks=args.chunks, microbatches=args.microbatches,
+    stages = args.devices * args.chunks
+    workload = load_workload(args.model, WorkloadRequest(stages, args.microbatches, args.seed, args.micro_batch_size))
+    label = workload.name if ":" not in args.model else args.model.rsplit(":", 1)[0].rsplit(".", 1)[-1]
+    name = args.name or f"{label}-p{args.devices}-v{args.chunks}-m{args.microbatches}"
+    with console.status(f"profiling {stages} stages of the {args.model} model on {device}"):
+        problem = profile_problem(workload, devices=args.devices, chunks=args.chunks, microbatches=args.microbatches,
                                   placement=placement, budget=budget, offload=args.offload, p2p_ms=args.p2p,
                                   device=device, dtype=DTYPES[args.dtype], seed=args.seed, repeats=args.repeats,
                                   name=name)
@@ -81,7 +83,7 @@ def run(args) -> int:
 
 
 def _table(problem, device) -> Table:
-    table = Table(title=f"{problem.name}: measured on {device}")
+    table = Table(title=f"{markup_safe(problem.name)}: measured on {device}")
     for column in ("stage", "F ms", "B ms", "W ms", "activation", "kept for W"):
         table.add_column(column, justify="right")
     costs, memory = problem.costs, problem.memory
