@@ -11,7 +11,7 @@ CI runs a small, derandomized sample. The big run (5,000+ cases, random):
         --hypothesis-show-statistics
 
 (``OPTPIPE_FUZZ_EXAMPLES`` is per test; there are five, so that is 5,500 generated cases, each
-running one or two commands.)
+running one to four commands; the big run prints how many commands ran in all.)
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ import io
 import json
 import os
 import signal
+import sys
 import tempfile
 from pathlib import Path
+
+import pytest
 
 from conftest import PROBLEM_DIR
 from hypothesis import HealthCheck, event, given, settings
@@ -48,6 +51,13 @@ FUZZ = settings(
 )
 
 CASES = {"count": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _count_commands():
+    yield
+    if EXAMPLES:
+        sys.__stderr__.write(f"\nfuzz: {CASES['count']:,} commands run, every one within the invariants\n")
 
 
 class Hang(Exception):

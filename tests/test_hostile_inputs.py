@@ -369,7 +369,7 @@ def test_import_that_fits_is_verified(tmp_path):
 
 def test_export_of_a_deadlocking_plan_fails(tmp_path):
     program = chain_plan(3)
-    stream = list(program.ranks[1])  # wait for the activation before posting its receive... then swap sends
+    stream = list(program.ranks[1])  # rank 1 waits for the gradient before sending the activation that causes it
     a = stream.index(Instruction(Opcode.SEND_ACTIVATION, 1, 0, 2))
     w = stream.index(Instruction(Opcode.WAIT_RECV_GRADIENT, 1, 0))
     stream[a], stream[w] = stream[w], stream[a]
