@@ -21,7 +21,6 @@ import io
 import json
 import os
 import signal
-import sys
 import tempfile
 from pathlib import Path
 
@@ -54,10 +53,12 @@ CASES = {"count": 0}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _count_commands():
+def _count_commands(request):
     yield
-    if EXAMPLES:
-        sys.__stderr__.write(f"\nfuzz: {CASES['count']:,} commands run, every one within the invariants\n")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if EXAMPLES and capture is not None:
+        with capture.global_and_fixture_disabled():
+            print(f"\nfuzz: {CASES['count']:,} commands run, every one within the invariants")
 
 
 class Hang(Exception):
