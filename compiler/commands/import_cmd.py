@@ -9,7 +9,7 @@ from ..files import read_text
 from ..units import format_size
 from .common import add_budget_argument, check_size, console, markup_safe, output_path, read_problem
 
-IMPORT_PAIRS = 2**20  # import lowers, verifies and simulates: near-linear, like simulate
+IMPORT_PAIRS = 2**19  # import lowers, verifies and simulates: near-linear, like simulate
 
 
 def add_parser(sub) -> None:

@@ -10,7 +10,7 @@ from ..units import format_size
 from .common import add_budget_argument, check_size, console, markup_safe, output_path, print_json, read_problem
 
 # Simulating a given schedule is near-linear, so it takes far larger problems than compare.
-SIMULATE_PAIRS = 2**20
+SIMULATE_PAIRS = 2**19  # about 20 s and 1 GB of memory at the limit
 
 
 def add_parser(sub) -> None:
