@@ -18,10 +18,19 @@ from .errors import OptpipeError
 __all__ = ["read_text", "read_bytes", "write_atomic", "check_writable"]
 
 
-def read_bytes(path: str | Path, what: str, error: type[OptpipeError]) -> bytes:
-    """The file's bytes; a missing or unreadable file raises ``error`` naming ``what`` it should be."""
+# Larger input files are not what their name says (a problem file of a gigabyte) and would only
+# exhaust memory while being parsed; the largest real ones are a few megabytes.
+MAX_INPUT = 1 << 30
+
+
+def read_bytes(path: str | Path, what: str, error: type[OptpipeError], limit: int = MAX_INPUT) -> bytes:
+    """The file's bytes; a missing, unreadable or oversized file raises ``error`` naming ``what`` it should be."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > limit:
+            raise error(f"{path}: {size / 2**20:,.0f}MiB is too large for a {what} (at most {limit / 2**20:,.0f}MiB); "
+                        f"check that this is the right file")
         return path.read_bytes()
     except FileNotFoundError:
         raise error(f"{path}: no such {what}") from None
@@ -31,8 +40,8 @@ def read_bytes(path: str | Path, what: str, error: type[OptpipeError]) -> bytes:
         raise error(f"{path}: cannot read the {what} ({why.strerror or why.__class__.__name__})") from None
 
 
-def read_text(path: str | Path, what: str, error: type[OptpipeError]) -> str:
-    data = read_bytes(path, what, error)
+def read_text(path: str | Path, what: str, error: type[OptpipeError], limit: int = MAX_INPUT) -> str:
+    data = read_bytes(path, what, error, limit)
     try:
         return data.decode()
     except UnicodeDecodeError:

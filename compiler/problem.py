@@ -363,7 +363,7 @@ def loads_problem(text: str, default_name: str = "problem") -> Problem:
 
 def load_problem(path: str | Path) -> Problem:
     path = Path(path)
-    text = read_text(path, "problem file", ProblemError)
+    text = read_text(path, "problem file", ProblemError, limit=64 << 20)
     try:
         return loads_problem(text, default_name=path.stem)
     except ProblemError as error:

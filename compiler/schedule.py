@@ -61,7 +61,7 @@ TRANSFER_KINDS = frozenset({OpKind.OFFLOAD, OpKind.RELOAD})
 # Stage and microbatch have at most 9 digits: more can never name a stage or microbatch of a
 # problem (plan files stop at 65,534) and would only cost time converting 5,000-digit numbers.
 _OP_TEXT = re.compile(r"^(F|B|W|BW|OFF|REL)(\d{1,9}):(\d{1,9})$")
-MAX_OPS = 50_000_000  # in one schedule file: far beyond any problem that compare or simulate takes
+MAX_OPS = 10_000_000  # in one schedule file: far beyond any problem that simulate takes (2^19 pairs)
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -175,7 +175,7 @@ class Schedule:
 
 def load_schedule(path: str | Path) -> Schedule:
     path = Path(path)
-    text = read_text(path, "schedule file", ScheduleError)
+    text = read_text(path, "schedule file", ScheduleError, limit=256 << 20)
     try:
         data = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as error:

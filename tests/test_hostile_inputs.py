@@ -530,3 +530,16 @@ def test_an_overlong_output_name_is_refused_up_front(tmp_path):
     name = tmp_path / ("y" * 250)
     assert run(["compile", BALANCED, "--solver", "heuristic:1F1B-capped", "-o", name])[0] == 0
     assert read_plan(name).header.world_size == 4
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["check", "{big}"], "problem file"),
+    (["simulate", BALANCED, "{big}"], "schedule file"),
+    (["import", "{big}", "--problem", BALANCED, "-o", "{out}"], "CSV file"),
+])
+def test_oversized_inputs_are_refused_before_reading(tmp_path, argv, what):
+    big = tmp_path / "big"
+    with open(big, "wb") as sparse:  # a hole, not 300 MB of disk
+        sparse.truncate(300 << 20)
+    code, _, err = run([a.format(big=big, out=tmp_path / "p.opb") for a in argv])
+    one_line_error(code, err, 1, f"too large for a {what}")

@@ -35,7 +35,7 @@ def run(args) -> int:
     from ..verify import verify
 
     path = Path(args.csv)
-    text = read_text(path, "CSV file", OptpipeError)
+    text = read_text(path, "CSV file", OptpipeError, limit=256 << 20)
     problem = read_problem(args)
     check_size(problem, "import", IMPORT_PAIRS, work=None)
     name = args.name if args.name is not None else path.stem
