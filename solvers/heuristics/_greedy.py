@@ -43,14 +43,17 @@ _F, _B, _W = OpKind.F, OpKind.B, OpKind.W
 class GreedyPolicy:
     reserve: bool = True  # admit a microbatch to a device only when all its stages there fit
     partial: bool = False  # run a W in an idle gap shorter than the W
+    budget: bool = False  # ... only when idling would leave this device more idle time than any other
+    alternate: bool = False  # after its first B a device prefers F after B and B after F (1F1B's rhythm)
 
 
 POLICIES = (GreedyPolicy(True, False), GreedyPolicy(True, True), GreedyPolicy(False, False),
-            GreedyPolicy(False, True))
+            GreedyPolicy(False, True), GreedyPolicy(False, True, True), GreedyPolicy(False, True, False, True),
+            GreedyPolicy(False, False, False, True), GreedyPolicy(True, True, False, True))
 
 
 def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
-                    keep_order: Schedule | None = None) -> Schedule | None:
+                    keep_order: Schedule | None = None, free_after: str | None = None) -> Schedule | None:
     """The list schedule for ``cap`` bytes per device, or None when it deadlocks or cannot fit."""
     pipe, costs, memory = problem.pipeline, problem.costs, problem.memory
     p, m, stages = pipe.devices, pipe.microbatches, pipe.stages
@@ -69,6 +72,9 @@ def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
     next_f = [0] * stages
     next_b = [0] * stages
     free = [0.0] * p
+    idle = [0.0] * p  # per device, time spent waiting since its first op
+    last_kind: list[OpKind | None] = [None] * p
+    started = [False] * p  # has run a B
     held = [0] * p
     reserved = [0] * p
     waiting: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
@@ -93,7 +99,7 @@ def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
 
     def options(d: int):
         """The F and B device d may run next: its order's next op, or each stage's next F and B."""
-        if fixed is None:
+        if fixed is None or cursor[d] > switch[d]:
             return [Op(kind, s, i) for s in mine[d] for kind, i in ((_B, next_b[s]), (_F, next_f[s]))
                     if i < (next_f[s] if kind is _B else m)]
         if cursor[d] >= len(fixed[d]):
@@ -126,12 +132,16 @@ def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
             known.append((max(t, ready), 0 if op.kind is _B else 1, -s, ready, forced, op))
         if not known:
             return None
+        if policy.alternate and started[d]:
+            turn = [k for k in known if (k[-1].kind is _F) == (last_kind[d] is _B)]
+            known = turn or known
         *_, ready, forced, op = min(known)
         t = free[d] + sum(wgt[waiting[d][k][0]] for k in range(forced))
         fills = forced
         while fills < len(waiting[d]):
             took = wgt[waiting[d][fills][0]]
-            if t + took <= ready or (policy.partial and t < ready):
+            over = t - free[d] + idle[d] + ready - t > max(idle)  # waiting makes d the idlest device
+            if t + took <= ready or (policy.partial and t < ready and (over or not policy.budget)):
                 t += took
                 fills += 1
             else:
@@ -139,6 +149,9 @@ def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
         return (max(t, ready), fills, op)
 
     def commit(d: int, fills: int, op: Op, start: float) -> None:
+        t = free[d] + sum(wgt[waiting[d][k][0]] for k in range(fills))
+        if orders[d]:
+            idle[d] += start - t
         for _ in range(fills):
             s, i = waiting[d].popleft()
             orders[d].append(Op(_W, s, i))
@@ -146,6 +159,8 @@ def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
         s, i = op.stage, op.microbatch
         orders[d].append(op)
         cursor[d] += 1
+        last_kind[d] = op.kind
+        started[d] = started[d] or op.kind is _B
         if op.kind is _F:
             end = start + fwd[s]
             f_end[s][i] = end
@@ -165,6 +180,11 @@ def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
 
     fixed = None if keep_order is None else [[op for op in ops if op.kind in (_F, _B)] for ops in keep_order.devices]
     cursor = [0] * p
+    switch = [len(ops) for ops in fixed or [[]] * p]  # past this position in the order, choose freely
+    if fixed is not None and free_after == "last F":
+        switch = [max((k for k, op in enumerate(ops) if op.kind is _F), default=-1) for ops in fixed]
+    elif fixed is not None and free_after == "first B":
+        switch = [min((k for k, op in enumerate(ops) if op.kind is _B), default=len(ops)) - 1 for ops in fixed]
     plans = [plan(d) for d in range(p)]
     remaining = 2 * stages * m
     while remaining:
@@ -210,8 +230,9 @@ def cost_aware(problem: Problem, base: Schedule, search: bool = True) -> Schedul
     timeline = simulate(problem, base)
     cap = timeline.peak
     best, best_key = base, (timeline.makespan, cap)
-    candidates = [greedy_schedule(base.name, problem, cap, GreedyPolicy(False, partial), keep_order=base)
-                  for partial in (False, True)]
+    candidates = [greedy_schedule(base.name, problem, cap, policy, keep_order=base, free_after=after)
+                  for policy in POLICIES for after in (None, "last F", "first B")
+                  if after is not None or not policy.reserve]
     if search:
         candidates += [greedy_schedule(base.name, problem, cap, policy) for policy in POLICIES]
     for candidate in candidates:
