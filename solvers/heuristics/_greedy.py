@@ -19,11 +19,21 @@ Rules (one device, when it is free at time t):
   Without it the order may deadlock; that variant is then dropped.
 - Ws wait, in B order, and fill the idle time before the chosen op when they end before it
   can start. With ``partial`` a W also runs when it only shortens the gap (it delays the op by
-  the part that does not fit, and saves that W's time at the end). The rest run at the end.
+  the part that does not fit, and saves that W's time at the end); with ``budget`` as well,
+  only when waiting would leave this device idle longer than any other device has been (the
+  slowest device sets the makespan, so idle time elsewhere is free). The rest run at the end.
+- With ``alternate``, once a device has run a B it prefers an F after a B and a B after an F
+  (1F1B's rhythm) among the ops it can run, instead of the one that starts first.
+- With ``keep_order`` the device runs its F and B in that schedule's order and only the Ws are
+  placed as above; ``free_after`` ("last F": from its cool-down, "first B": from its steady
+  state) lets it choose freely from that point of the order on.
 
 Ops are committed in order of start time over all devices, so when a device's choice is made
 everything that could reach it earlier has been placed: the times computed here are exactly
 the simulator's (same rules: device order, data dependencies, p2p between devices).
+``cost_aware`` runs these variants next to a paper's schedule and keeps the fastest within its
+peak; which variants it tries is what the reference grid showed to matter (KEEP_POLICIES,
+POLICIES).
 """
 
 from __future__ import annotations
