@@ -61,11 +61,13 @@ def _longest_half_per_device(problem: Problem, timeline) -> frozenset[int]:
     """
     pipe = problem.pipeline
     per_device = -(-pipe.chunks_per_device // 2)
-    order = longest_lived_stages(timeline)
+    taken = [0] * pipe.devices
     chosen: list[int] = []
-    for device in range(pipe.devices):
-        mine = [stage for stage in order if pipe.device_of(stage) == device]
-        chosen += mine[:per_device]
+    for stage in longest_lived_stages(timeline):
+        device = pipe.device_of(stage)
+        if taken[device] < per_device:
+            taken[device] += 1
+            chosen.append(stage)
     return frozenset(chosen)
 
 
@@ -74,7 +76,8 @@ def po_h(problem: Problem) -> Schedule:
     _require_offload(problem, "PO-H")
     base = gis_h(problem)
     timeline = simulate(problem, base)
-    chosen = [pair for pair in offloadable(timeline) if pair[0] in _longest_half_per_device(problem, timeline)]
+    stages = _longest_half_per_device(problem, timeline)
+    chosen = [pair for pair in offloadable(timeline) if pair[0] in stages]
     return add_hidden_offloads(problem, base, chosen).renamed("PO-H")
 
 
