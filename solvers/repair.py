@@ -1,0 +1,348 @@
+"""Repair: make a fast schedule that overflows the budget fit, at as little cost in time as it can.
+
+The fastest heuristics (PO-H, GIS-H, ZB-H1, 1F1B-I, ...) often peak just over the budget, while
+the memory-capped list schedule that always fits is two or three times slower. Two moves bring a
+schedule's peak down, and the simulator judges every step:
+
+- **Offload more**, on the devices that overflow: activations whose F-to-B window holds a round
+  trip through the host and that are live while the device is over the budget. First only those
+  whose transfers the link hides completely (``add_hidden_offloads``: the compute timeline does
+  not change at all), then, in a second variant, all of them (a backward may wait for its reload).
+- **Hold back forwards**, on the devices that overflow: from the first moment a device is over
+  the budget, each of its later forwards moves past as many more of its backwards as the excess
+  needs activations freed. Fewer microbatches are in flight on that device from then on; each
+  device keeps its order of forwards and its order of backwards.
+
+A round applies the first move that lowers the total excess over the budget (summed over
+devices), and stops when the schedule fits, when neither move helps, or at the deadline. Holding
+back can make device lists wait on each other in a cycle (the simulator says so); the round then
+holds back on every device instead, whose lists then wait as they did before, only one step later.
+
+``repair_candidates`` runs this on the fastest overflowing warm starts, each with each offload
+policy, and returns the repaired ones that fit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Callable, Iterable
+
+from optpipe.compiler.errors import OptpipeError, ScheduleError
+from optpipe.compiler.problem import Problem
+from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.compiler.simulate import Timeline, simulate
+
+from .offload_slots import activation_windows, add_hidden_offloads, add_offloads, round_trip_ms
+from .warmstart import Candidate
+
+__all__ = ["repair", "repair_candidates", "excess", "hold_back", "POLICIES"]
+
+_F, _B, _W, _BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
+_EPS = 1e-9
+# How many offloads each round may add: "hidden" never delays compute, "all" may make a backward
+# wait for its reload, "none" only holds back forwards.
+POLICIES = ("hidden", "all", "none")
+_MAX_ROUNDS = 64
+_STEPS = (1, None)  # forwards move one op a round, or as far as the excess asks
+
+
+def excess(timeline: Timeline) -> int:
+    """Bytes over the budget, summed over devices (0 when the schedule fits)."""
+    budget = timeline.problem.memory.budget
+    return sum(max(0, peak - budget) for peak in timeline.peak_memory)
+
+
+def _compute_only(schedule: Schedule) -> Schedule:
+    return Schedule(schedule.name, tuple(tuple(op for op in ops if op.kind in COMPUTE_KINDS)
+                                         for ops in schedule.devices))
+
+
+def _overflow_start(timeline: Timeline, device: int) -> float | None:
+    """The first time ``device`` holds more than the budget."""
+    budget = timeline.problem.memory.budget
+    return next((t for t, held in timeline.memory[device] if held > budget), None)
+
+
+def _over_intervals(timeline: Timeline, device: int) -> list[tuple[float, float]]:
+    """Time intervals during which ``device`` holds more than the budget."""
+    budget = timeline.problem.memory.budget
+    out, opened = [], None
+    for t, held in timeline.memory[device]:
+        if held > budget and opened is None:
+            opened = t
+        elif held <= budget and opened is not None:
+            out.append((opened, t))
+            opened = None
+    if opened is not None:
+        out.append((opened, math.inf))
+    return out
+
+
+def hold_back(problem: Problem, schedule: Schedule, timeline: Timeline, devices: Iterable[int],
+              max_step: int | None = None) -> Schedule:
+    """``schedule`` (compute ops only) with forwards held back on ``devices``.
+
+    Before: ``timeline`` is the simulator's timing of ``schedule`` or of it with transfers, and
+    ``schedule`` has no cycle. After: on each named device, every F that starts while the device
+    is over the budget moves one op later (past the next op that is not a forward), the forwards
+    behind it follow so that a device's forwards keep their order, and its other ops keep
+    theirs. Over many rounds a transient peak costs one forward a short wait, and a device that
+    overflows all through its steady state ends up with fewer microbatches in flight. The
+    downstream devices then hold back what the moved forwards feed (``_propagate``), so that no
+    two lists wait on each other.
+    """
+    by_op = timeline.by_op
+    budget = problem.memory.budget
+    rows = [list(ops) for ops in schedule.devices]
+    for device in devices:
+        over = _over_intervals(timeline, device)
+        if not over:
+            continue
+        ops = rows[device]
+        curve = timeline.memory[device]
+        times = [t for t, _ in curve]
+        excess_at = lambda t: curve[max(0, bisect.bisect_right(times, t + _EPS) - 1)][1] - budget  # noqa: E731
+        late = {}
+        forwards = [k for k, op in enumerate(ops) if op.kind is _F]
+        starts = [by_op[ops[k]].start for k in forwards]
+        for lo, hi in over:
+            inside = [k for k, t in zip(forwards, starts) if lo - _EPS <= t < hi - _EPS]
+            # the last of each run of forwards; when a reload opened the interval, the last F before it
+            ends = [k for k in inside if k + 1 == len(ops) or ops[k + 1].kind is not _F]
+            if not inside:
+                before = [k for k, t in zip(forwards, starts) if t < lo - _EPS]
+                ends = before[-1:]
+            for k in ends:
+                when = max(lo, by_op[ops[k]].start)
+                step = _ops_to_free(problem, ops, k + 1, excess_at(when))
+                late[ops[k]] = step if max_step is None else min(step, max_step)
+        rows[device] = _shift_forwards(rows[device], late, relative=True)
+    _propagate(problem, rows)
+    return Schedule(schedule.name, tuple(tuple(ops) for ops in rows))
+
+
+def _ops_to_free(problem: Problem, ops: list[Op], first: int, need: int) -> int:
+    """How many non-forward ops from ``ops[first]`` on free ``need`` bytes (at least one)."""
+    act, keep = problem.memory.activation, problem.memory.weight_activation
+    freed = count = 0
+    for op in ops[first:]:
+        if op.kind is _F:
+            continue
+        count += 1
+        s = op.stage
+        freed += act[s] - keep[s] if op.kind is _B else keep[s] if op.kind is _W else act[s]
+        if freed >= need:
+            break
+    return max(count, 1)
+
+
+def _shift_forwards(ops: list[Op], wanted: dict[Op, int], relative: bool) -> list[Op]:
+    """Forwards moved later: by ``wanted[F]`` non-forward ops (relative) or to at least that slot.
+
+    A slot counts the non-forward ops before a forward. The forwards keep their order (one
+    behind a moved forward follows it) and never pass a backward of their own microbatch.
+    """
+    forwards = [op for op in ops if op.kind is _F]
+    others = [op for op in ops if op.kind is not _F]
+    slot, seen = [], 0
+    for op in ops:
+        if op.kind is _F:
+            slot.append(seen)
+        else:
+            seen += 1
+    cap, first_back = [len(others)] * len(forwards), {}
+    for j, op in enumerate(others):
+        first_back.setdefault(op.microbatch, j)
+    for k, op in enumerate(forwards):
+        cap[k] = first_back.get(op.microbatch, len(others))
+    for k in range(len(forwards) - 2, -1, -1):
+        cap[k] = min(cap[k], cap[k + 1])
+    changed = False
+    for k, op in enumerate(forwards):
+        want = wanted.get(op)
+        target = slot[k] if want is None else (slot[k] + want if relative else max(want, slot[k]))
+        if k:
+            target = max(target, slot[k - 1])
+        target = min(target, max(cap[k], slot[k]))
+        if target != slot[k]:
+            slot[k] = target
+            changed = True
+    if not changed:
+        return ops
+    out: list[Op] = []
+    k = 0
+    for j in range(len(others) + 1):
+        while k < len(forwards) and slot[k] == j:
+            out.append(forwards[k])
+            k += 1
+        if j < len(others):
+            out.append(others[j])
+    return out
+
+
+def _propagate(problem: Problem, rows: list[list[Op]]) -> None:
+    """Hold back downstream forwards until no two device lists wait on each other this way:
+
+    on device d a backward B(x, j) comes before F(s, i), while on the device of stage s + 1 (also
+    that of x + 1) F(s + 1, i) comes before B(x + 1, j). B(x, j) waits for B(x + 1, j), which
+    waits for F(s + 1, i), which waits for F(s, i), which waits for B(x, j): a cycle. The fix
+    moves F(s + 1, i) behind B(x + 1, j); that may ask the same of the next device, and so on
+    (rows is changed in place).
+    """
+    pipe = problem.pipeline
+    last = pipe.stages - 1
+    device_of = [pipe.device_of(s) for s in range(pipe.stages)]
+    for _ in range(4 * pipe.devices * pipe.chunks_per_device + 4):
+        moved = False
+        slots = []  # per device: op -> its slot (non-forward ops before it, itself included)
+        for ops in rows:
+            seen, mine = 0, {}
+            for op in ops:
+                if op.kind is not _F:
+                    seen += 1
+                    mine[op] = seen
+            slots.append(mine)
+        wanted: list[dict[Op, int]] = [{} for _ in rows]
+        for d, ops in enumerate(rows):
+            need: dict[int, int] = {}  # target device -> slot its forward must reach
+            for op in ops:
+                kind, s = op.kind, op.stage
+                if (kind is _B or kind is _BW) and s < last:
+                    e = device_of[s + 1]
+                    if e != d:
+                        up = slots[e].get(Op(_B, s + 1, op.microbatch)) or slots[e].get(Op(_BW, s + 1, op.microbatch))
+                        if up is not None and up > need.get(e, 0):
+                            need[e] = up
+                elif kind is _F and s < last:
+                    e = device_of[s + 1]
+                    if e != d and need.get(e, 0):
+                        wanted[e][Op(_F, s + 1, op.microbatch)] = need[e]
+        for e, want in enumerate(wanted):
+            if not want:
+                continue
+            before = rows[e]
+            after = _shift_forwards(before, want, relative=False)
+            if after is not before:
+                rows[e] = after
+                moved = True
+        if not moved:
+            return
+
+
+def _more_offloads(problem: Problem, timeline: Timeline, have: frozenset) -> frozenset:
+    """Pairs on overflowing devices, live while over the budget, whose window holds a round trip."""
+    pipe = problem.pipeline
+    windows = activation_windows(timeline)
+    by_op = timeline.by_op
+    over = {d: _over_intervals(timeline, d) for d in range(pipe.devices)
+            if timeline.peak_memory[d] > problem.memory.budget}
+    chosen = set(have)
+    for (stage, microbatch), window in windows.items():
+        device = pipe.device_of(stage)
+        if device not in over or (stage, microbatch) in have or window + _EPS < round_trip_ms(problem, stage):
+            continue
+        f_end = by_op[Op(_F, stage, microbatch)].end
+        b_start = f_end + window
+        if any(f_end < hi and b_start > lo for lo, hi in over[device]):
+            chosen.add((stage, microbatch))
+    return frozenset(chosen)
+
+
+def _place(problem: Problem, compute: Schedule, pairs: frozenset, policy: str) -> Schedule:
+    if not pairs:
+        return compute
+    if policy == "all":
+        return add_offloads(problem, compute, pairs)
+    return add_hidden_offloads(problem, compute, pairs)
+
+
+def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadline: float | None = None,
+           name: str | None = None, max_step: int | None = None) -> Candidate | None:
+    """A fitting schedule made from ``schedule`` by the rounds of the module docstring, or None.
+
+    ``deadline`` is a ``time.monotonic()`` value; the repair gives up (None) when it passes.
+    ``max_step`` caps how far a forward moves in one round: small steps lose less time, large
+    ones need fewer rounds.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
+    late = (lambda: time.monotonic() > deadline) if deadline is not None else (lambda: False)
+    offload = problem.offload.enabled and policy != "none"
+    name = name or f"{schedule.name}+repaired({policy})"
+    compute = _compute_only(schedule)
+    pairs = schedule.offloaded
+    placed = schedule
+    timeline = simulate(problem, placed)
+    for _ in range(_MAX_ROUNDS):
+        if timeline.fits:
+            return Candidate(name, placed.renamed(name), timeline)
+        if late() or not timeline.fits_host:
+            return None
+        if offload:
+            wanted = _more_offloads(problem, timeline, pairs)
+            if wanted != pairs:
+                trial = _place(problem, compute, wanted, policy)
+                trial_timeline = simulate(problem, trial)
+                if excess(trial_timeline) < excess(timeline):
+                    placed, timeline, pairs = trial, trial_timeline, trial.offloaded
+                    continue
+        over = [d for d in range(problem.devices) if timeline.peak_memory[d] > problem.memory.budget]
+        step = _held_back(problem, compute, timeline, over, pairs, policy, max_step)
+        if step is None:
+            return None
+        compute, placed, timeline = step
+        pairs = placed.offloaded
+    return None
+
+
+def _held_back(problem: Problem, compute: Schedule, timeline: Timeline, over: list[int], pairs: frozenset,
+               policy: str, max_step: int | None) -> tuple[Schedule, Schedule, Timeline] | None:
+    """Hold back the overflowing devices, or every device when that makes the lists wait in a cycle."""
+    for devices in (over, range(problem.devices)):
+        moved = hold_back(problem, compute, timeline, devices, max_step)
+        if moved.devices == compute.devices:
+            return None
+        try:
+            placed = _place(problem, moved, pairs, policy) if problem.offload.enabled else moved
+            return moved, placed, simulate(problem, placed)
+        except ScheduleError:
+            continue
+        except OptpipeError:
+            return None
+    return None
+
+
+def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: float | None = None,
+                      starts: int = 3) -> list[Candidate]:
+    """Repaired versions of the ``starts`` fastest overflowing candidates (those faster than any fitting one).
+
+    Each start is repaired with each offload policy ("none" alone when offload is off) and each
+    step size; the ones that fit come back, fastest first.
+    """
+    fitting = [c.timeline.makespan for c in candidates if c.fits]
+    ceiling = min(fitting) if fitting else math.inf
+    over = sorted((c for c in candidates if not c.fits and c.timeline.makespan < ceiling - _EPS),
+                  key=lambda c: (c.timeline.makespan, c.timeline.peak))
+    picked, seen = [], set()
+    for c in over:  # distinct compute orders only: offloaded variants of one heuristic repair alike
+        key = _compute_only(c.schedule).devices
+        if key in seen:
+            continue
+        seen.add(key)
+        picked.append(c)
+        if len(picked) == starts:
+            break
+    policies = ("hidden", "all") if problem.offload.enabled else ("none",)
+    out = []
+    for c in picked:
+        for policy in policies:
+            for max_step in _STEPS:
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                label = f"{c.name}+repaired({policy}{'' if max_step is None else f', step {max_step}'})"
+                repaired = repair(problem, c.schedule, policy, deadline, name=label, max_step=max_step)
+                if repaired is not None:
+                    out.append(repaired)
+    return sorted(out, key=lambda c: c.timeline.makespan)
