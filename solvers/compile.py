@@ -2,7 +2,8 @@
 
 1. Judge every heuristic (compare.py); the best that fits is the baseline.
 2. Build warm starts (warmstart.py): heuristics with their activations offloaded often fit
-   where the plain ones do not.
+   where the plain ones do not; the fastest that still overflow are repaired until they fit
+   (repair.py: more offload, fewer forwards in flight where a device overflows).
 3. Run the chosen solver from the best warm start: CP-SAT on the whole problem when it is small,
    the window search (lns.py) otherwise; or the MILP; or return the named heuristic.
 4. Return the fastest fitting schedule seen, as the simulator times it: never slower than the
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -25,6 +27,7 @@ from optpipe.compiler.units import format_size
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
 from .compare import Entry, best_fitting, compare
 from .result import Progress, SolveResult, SolveStatus
+from .repair import repair_candidates
 from .warmstart import Candidate, best_candidate, warm_starts
 
 __all__ = ["SOLVERS", "Compiled", "compile_problem", "exact_model_fits"]
@@ -35,6 +38,7 @@ _EPS = 1e-6
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
 _WARM_SHARE = 0.3  # of the time limit, at most, for building warm starts
+_REPAIR_SHARE = 0.5  # ... and for repairing the overflowing ones (at least half of it after the warm starts)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     """The fastest fitting schedule the chosen solver finds within the time limit."""
     began = time.monotonic()
     _check_solver(solver)
+    workers = workers or max(2, os.cpu_count() or 1)  # CP-SAT's portfolio needs two workers at least
     report = on_progress or (lambda progress: None)
     bound = makespan_lower_bound(problem)
     entries = compare(problem)
@@ -102,6 +107,8 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     if solver.startswith("heuristic:"):
         return _heuristic(problem, solver, entries, baseline, bound, began)
     candidates = warm_starts(problem, entries, deadline=began + _WARM_SHARE * time_limit_s)
+    repair_until = max(began + _REPAIR_SHARE * time_limit_s, time.monotonic() + _REPAIR_SHARE / 2 * time_limit_s)
+    candidates += repair_candidates(problem, candidates, deadline=repair_until)
     start = best_candidate(candidates)
     if start is not None:
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))

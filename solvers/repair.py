@@ -45,6 +45,7 @@ _EPS = 1e-9
 # wait for its reload, "none" only holds back forwards.
 POLICIES = ("hidden", "all", "none")
 _MAX_ROUNDS = 64
+_NEAR = 1.5  # a start whose peak is at most this many budgets is nearly fitting
 _STEPS = (1, None)  # forwards move one op a round, or as far as the excess asks
 
 
@@ -259,12 +260,13 @@ def _place(problem: Problem, compute: Schedule, pairs: frozenset, policy: str) -
 
 
 def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadline: float | None = None,
-           name: str | None = None, max_step: int | None = None) -> Candidate | None:
+           name: str | None = None, max_step: int | None = None, ceiling: float = math.inf) -> Candidate | None:
     """A fitting schedule made from ``schedule`` by the rounds of the module docstring, or None.
 
     ``deadline`` is a ``time.monotonic()`` value; the repair gives up (None) when it passes.
     ``max_step`` caps how far a forward moves in one round: small steps lose less time, large
-    ones need fewer rounds.
+    ones need fewer rounds. A repair that gets no faster than ``ceiling`` ms (a fitting schedule
+    already known) gives up too: holding back only ever slows a schedule down.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
@@ -278,7 +280,7 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
     for _ in range(_MAX_ROUNDS):
         if timeline.fits:
             return Candidate(name, placed.renamed(name), timeline)
-        if late() or not timeline.fits_host:
+        if late() or not timeline.fits_host or timeline.makespan >= ceiling - _EPS:
             return None
         if offload:
             wanted = _more_offloads(problem, timeline, pairs)
@@ -316,33 +318,40 @@ def _held_back(problem: Problem, compute: Schedule, timeline: Timeline, over: li
 
 def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: float | None = None,
                       starts: int = 3) -> list[Candidate]:
-    """Repaired versions of the ``starts`` fastest overflowing candidates (those faster than any fitting one).
+    """Repaired versions of up to ``starts`` overflowing candidates faster than any fitting one.
 
-    Each start is repaired with each offload policy ("none" alone when offload is off) and each
-    step size; the ones that fit come back, fastest first.
+    The nearly fitting ones (peak at most ``_NEAR`` x the budget), fastest first, or when there
+    are none the fastest others; offloaded variants of one compute order count once. Each start is repaired
+    with each offload policy ("none" alone when offload is off) and each step size, the most
+    promising pair first for every start; a repair stops once it is slower than the best fitting
+    schedule so far. The ones that fit come back, fastest first.
     """
+    budget = problem.memory.budget
     fitting = [c.timeline.makespan for c in candidates if c.fits]
     ceiling = min(fitting) if fitting else math.inf
     over = sorted((c for c in candidates if not c.fits and c.timeline.makespan < ceiling - _EPS),
-                  key=lambda c: (c.timeline.makespan, c.timeline.peak))
+                  key=lambda c: (c.timeline.peak > _NEAR * budget, c.timeline.makespan, c.timeline.peak))
     picked, seen = [], set()
     for c in over:  # distinct compute orders only: offloaded variants of one heuristic repair alike
         key = _compute_only(c.schedule).devices
         if key in seen:
             continue
         seen.add(key)
+        if picked and c.timeline.peak > _NEAR * budget >= picked[0].timeline.peak:
+            break  # far-off starts only when none is near: they take many slow rounds
         picked.append(c)
         if len(picked) == starts:
             break
-    policies = ("hidden", "all") if problem.offload.enabled else ("none",)
+    policies = ("all", "hidden") if problem.offload.enabled else ("none",)  # "all" takes fewer simulations
+    variants = [(policy, step) for step in _STEPS for policy in policies]
     out = []
-    for c in picked:
-        for policy in policies:
-            for max_step in _STEPS:
-                if deadline is not None and time.monotonic() > deadline:
-                    break
-                label = f"{c.name}+repaired({policy}{'' if max_step is None else f', step {max_step}'})"
-                repaired = repair(problem, c.schedule, policy, deadline, name=label, max_step=max_step)
-                if repaired is not None:
-                    out.append(repaired)
+    for policy, max_step in variants:
+        for c in picked:
+            if deadline is not None and time.monotonic() > deadline:
+                return sorted(out, key=lambda c: c.timeline.makespan)
+            label = f"{c.name}+repaired({policy}{'' if max_step is None else f', step {max_step}'})"
+            repaired = repair(problem, c.schedule, policy, deadline, name=label, max_step=max_step, ceiling=ceiling)
+            if repaired is not None:
+                out.append(repaired)
+                ceiling = min(ceiling, repaired.timeline.makespan)
     return sorted(out, key=lambda c: c.timeline.makespan)
