@@ -10,7 +10,7 @@ import time
 from ._common import console
 
 # Cheapest first; each module has run() and saves its own JSON.
-ORDER = ("simulator_speed", "heuristics", "torch_interop", "solver_quality", "runtime_overhead")
+ORDER = ("simulator_speed", "heuristics", "torch_interop", "solver_quality", "budget_sweep", "runtime_overhead")
 
 
 def main(argv: list[str] | None = None) -> int:

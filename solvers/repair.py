@@ -46,7 +46,7 @@ _EPS = 1e-9
 POLICIES = ("hidden", "all", "none")
 _MAX_ROUNDS = 64
 _NEAR = 1.5  # a start whose peak is at most this many budgets is nearly fitting
-_STEPS = (1, None)  # forwards move one op a round, or as far as the excess asks
+_STEPS = (None, 1)  # forwards move as far as the excess asks (few rounds), or one op a round (less lost)
 
 
 def excess(timeline: Timeline) -> int:
@@ -277,19 +277,21 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
     pairs = schedule.offloaded
     placed = schedule
     timeline = simulate(problem, placed)
+    misses = 0  # offload rounds in a row that did not help: the link is full, stop asking it
     for _ in range(_MAX_ROUNDS):
         if timeline.fits:
             return Candidate(name, placed.renamed(name), timeline)
         if late() or not timeline.fits_host or timeline.makespan >= ceiling - _EPS:
             return None
-        if offload:
+        if offload and misses < 2:
             wanted = _more_offloads(problem, timeline, pairs)
             if wanted != pairs:
                 trial = _place(problem, compute, wanted, policy)
                 trial_timeline = simulate(problem, trial)
                 if excess(trial_timeline) < excess(timeline):
-                    placed, timeline, pairs = trial, trial_timeline, trial.offloaded
+                    placed, timeline, pairs, misses = trial, trial_timeline, trial.offloaded, 0
                     continue
+                misses += 1
         over = [d for d in range(problem.devices) if timeline.peak_memory[d] > problem.memory.budget]
         step = _held_back(problem, compute, timeline, over, pairs, policy, max_step)
         if step is None:
@@ -343,7 +345,7 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
         if len(picked) == starts:
             break
     policies = ("all", "hidden") if problem.offload.enabled else ("none",)  # "all" takes fewer simulations
-    variants = [(policy, step) for step in _STEPS for policy in policies]
+    variants = [(policy, step) for step in _STEPS for policy in policies]  # the quickest first
     out = []
     for policy, max_step in variants:
         for c in picked:
