@@ -5,21 +5,26 @@ the memory-capped list schedule that always fits is two or three times slower. T
 schedule's peak down, and the simulator judges every step:
 
 - **Offload more**, on the devices that overflow: activations whose F-to-B window holds a round
-  trip through the host and that are live while the device is over the budget. First only those
-  whose transfers the link hides completely (``add_hidden_offloads``: the compute timeline does
-  not change at all), then, in a second variant, all of them (a backward may wait for its reload).
-- **Hold back forwards**, on the devices that overflow: from the first moment a device is over
-  the budget, each of its later forwards moves past as many more of its backwards as the excess
-  needs activations freed. Fewer microbatches are in flight on that device from then on; each
-  device keeps its order of forwards and its order of backwards.
+  trip through the host and that are live while the device is over the budget. Policy "hidden"
+  keeps only those whose transfers the link hides completely (``add_hidden_offloads``: the
+  compute timeline does not change); policy "all" keeps them all (a backward may wait for its
+  reload). The move stands when it lowers the excess over the budget (summed over devices); after
+  two misses in a row the link is taken to be full and only the other move is made.
+- **Hold back forwards** (``hold_back``), on the devices that overflow: each forward that starts
+  while its device is over the budget and ends a run of forwards in the device's list moves past
+  the next ops until they free the excess (or one op per round, ``max_step = 1``); a reload that
+  opens an overflow moves the forward before it. Forwards behind a moved one follow it, so each
+  device keeps its order of forwards and its order of backwards, and a forward never passes a
+  backward of its own microbatch. A transient peak costs one forward a short wait; a device over
+  the budget all through its steady state ends up with fewer microbatches in flight. Downstream
+  devices then hold back what the moved forwards feed (``_propagate``), so no two lists wait on
+  each other.
 
-A round applies the first move that lowers the total excess over the budget (summed over
-devices), and stops when the schedule fits, when neither move helps, or at the deadline. Holding
-back can make device lists wait on each other in a cycle (the simulator says so); the round then
-holds back on every device instead, whose lists then wait as they did before, only one step later.
+Rounds go on until the schedule fits (returned), or it is no faster than a fitting schedule
+already known, or nothing moves, or the deadline passes (None).
 
-``repair_candidates`` runs this on the fastest overflowing warm starts, each with each offload
-policy, and returns the repaired ones that fit.
+``repair_candidates`` runs this on the fastest nearly fitting warm starts, with each policy and
+step size, and returns the repaired ones that fit.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
-from optpipe.compiler.errors import OptpipeError, ScheduleError
+from optpipe.compiler.errors import OptpipeError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.compiler.simulate import Timeline, simulate
@@ -303,19 +308,19 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
 
 def _held_back(problem: Problem, compute: Schedule, timeline: Timeline, over: list[int], pairs: frozenset,
                policy: str, max_step: int | None) -> tuple[Schedule, Schedule, Timeline] | None:
-    """Hold back the overflowing devices, or every device when that makes the lists wait in a cycle."""
-    for devices in (over, range(problem.devices)):
-        moved = hold_back(problem, compute, timeline, devices, max_step)
-        if moved.devices == compute.devices:
-            return None
-        try:
-            placed = _place(problem, moved, pairs, policy) if problem.offload.enabled else moved
-            return moved, placed, simulate(problem, placed)
-        except ScheduleError:
-            continue
-        except OptpipeError:
-            return None
-    return None
+    """Hold back the overflowing devices and place the offloads again; None when nothing moves.
+
+    ``_propagate`` rules out the cycles that holding back makes; should the simulator still find
+    one, or an offload not place, the repair ends there (None) rather than guess.
+    """
+    moved = hold_back(problem, compute, timeline, over, max_step)
+    if moved.devices == compute.devices:
+        return None
+    try:
+        placed = _place(problem, moved, pairs, policy) if problem.offload.enabled else moved
+        return moved, placed, simulate(problem, placed)
+    except OptpipeError:
+        return None
 
 
 def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: float | None = None,
@@ -323,10 +328,10 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
     """Repaired versions of up to ``starts`` overflowing candidates faster than any fitting one.
 
     The nearly fitting ones (peak at most ``_NEAR`` x the budget), fastest first, or when there
-    are none the fastest others; offloaded variants of one compute order count once. Each start is repaired
-    with each offload policy ("none" alone when offload is off) and each step size, the most
-    promising pair first for every start; a repair stops once it is slower than the best fitting
-    schedule so far. The ones that fit come back, fastest first.
+    are none the fastest others; offloaded variants of one compute order count once. Each start
+    is repaired with each offload policy ("none" alone when offload is off) and each step size,
+    the quickest pair first for every start; a repair stops once it is slower than the best
+    fitting schedule so far. The ones that fit come back, fastest first.
     """
     budget = problem.memory.budget
     fitting = [c.timeline.makespan for c in candidates if c.fits]
