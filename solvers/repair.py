@@ -51,7 +51,7 @@ _EPS = 1e-9
 POLICIES = ("hidden", "all", "none")
 _MAX_ROUNDS = 64
 _NEAR = 1.5  # a start whose peak is at most this many budgets is nearly fitting
-_STEPS = (None, 1)  # forwards move as far as the excess asks (few rounds), or one op a round (less lost)
+_STEPS = (1, None)  # forwards move one op a round (least time lost), or as far as the excess asks (fewer rounds)
 
 
 def excess(timeline: Timeline) -> int:
@@ -330,7 +330,7 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
     The nearly fitting ones (peak at most ``_NEAR`` x the budget), fastest first, or when there
     are none the fastest others; offloaded variants of one compute order count once. Each start
     is repaired with each offload policy ("none" alone when offload is off) and each step size,
-    the quickest pair first for every start; a repair stops once it is slower than the best
+    the most promising pair first for every start; a repair stops once it is slower than the best
     fitting schedule so far. The ones that fit come back, fastest first.
     """
     budget = problem.memory.budget
@@ -350,7 +350,7 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
         if len(picked) == starts:
             break
     policies = ("all", "hidden") if problem.offload.enabled else ("none",)  # "all" takes fewer simulations
-    variants = [(policy, step) for step in _STEPS for policy in policies]  # the quickest first
+    variants = [(policy, step) for step in _STEPS for policy in policies]  # the most promising first
     out = []
     for policy, max_step in variants:
         for c in picked:
