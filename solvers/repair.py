@@ -92,9 +92,11 @@ def hold_back(problem: Problem, schedule: Schedule, timeline: Timeline, devices:
 
     Before: ``timeline`` is the simulator's timing of ``schedule`` or of it with transfers, and
     ``schedule`` has no cycle. After: on each named device, every F that starts while the device
-    is over the budget moves one op later (past the next op that is not a forward), the forwards
-    behind it follow so that a device's forwards keep their order, and its other ops keep
-    theirs. Over many rounds a transient peak costs one forward a short wait, and a device that
+    is over the budget and ends a run of forwards in the list moves past as many of the next ops
+    as free the excess at its start (at least one, at most ``max_step``); when a reload opens an
+    overflow, the last F before it moves instead. The forwards behind a moved one follow it, so
+    a device's forwards keep their order, its other ops keep theirs, and no forward passes a
+    backward of its own microbatch. Over many rounds a transient peak costs one forward a short wait, and a device that
     overflows all through its steady state ends up with fewer microbatches in flight. The
     downstream devices then hold back what the moved forwards feed (``_propagate``), so that no
     two lists wait on each other.
@@ -114,12 +116,13 @@ def hold_back(problem: Problem, schedule: Schedule, timeline: Timeline, devices:
         forwards = [k for k, op in enumerate(ops) if op.kind is _F]
         starts = [by_op[ops[k]].start for k in forwards]
         for lo, hi in over:
-            inside = [k for k, t in zip(forwards, starts) if lo - _EPS <= t < hi - _EPS]
+            # a device runs its list in order, so its forwards' starts rise: bisect for the interval
+            first, stop = bisect.bisect_left(starts, lo - _EPS), bisect.bisect_left(starts, hi - _EPS)
+            inside = forwards[first:stop]
             # the last of each run of forwards; when a reload opened the interval, the last F before it
             ends = [k for k in inside if k + 1 == len(ops) or ops[k + 1].kind is not _F]
             if not inside:
-                before = [k for k, t in zip(forwards, starts) if t < lo - _EPS]
-                ends = before[-1:]
+                ends = forwards[first - 1:first] if first else []
             for k in ends:
                 when = max(lo, by_op[ops[k]].start)
                 step = _ops_to_free(problem, ops, k + 1, excess_at(when))
