@@ -361,7 +361,7 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
                 return sorted(out, key=lambda c: c.timeline.makespan)
             label = f"{c.name}+repaired({policy}{'' if max_step is None else f', step {max_step}'})"
             repaired = repair(problem, c.schedule, policy, deadline, name=label, max_step=max_step, ceiling=ceiling)
-            if repaired is not None:
+            if repaired is not None and repaired.timeline.makespan < ceiling - _EPS:
                 out.append(repaired)
                 ceiling = min(ceiling, repaired.timeline.makespan)
     return sorted(out, key=lambda c: c.timeline.makespan)
