@@ -50,7 +50,7 @@ _EPS = 1e-9
 # wait for its reload, "none" only holds back forwards.
 POLICIES = ("hidden", "all", "none")
 _MAX_ROUNDS = 64
-_NEAR = 1.5  # a start whose peak is at most this many budgets is nearly fitting
+_TIERS = (1.5, 2.5)  # peaks, in budgets, that make a start nearly fitting, then fairly close
 _STEPS = (1, None)  # forwards move one op a round (least time lost), or as far as the excess asks (fewer rounds)
 
 
@@ -326,12 +326,16 @@ def _held_back(problem: Problem, compute: Schedule, timeline: Timeline, over: li
         return None
 
 
+def _tier(over: float) -> int:
+    return next((k for k, limit in enumerate(_TIERS) if over <= limit), len(_TIERS))
+
+
 def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: float | None = None,
                       starts: int = 3) -> list[Candidate]:
     """Repaired versions of up to ``starts`` overflowing candidates faster than any fitting one.
 
-    The nearly fitting ones (peak at most ``_NEAR`` x the budget), fastest first, or when there
-    are none the fastest others; offloaded variants of one compute order count once. Each start
+    The nearest tier of them (peak at most 1.5 x the budget, else at most 2.5 x, else any),
+    fastest first; offloaded variants of one compute order count once. Each start
     is repaired with each offload policy ("none" alone when offload is off) and each step size,
     the most promising pair first for every start; a repair stops once it is slower than the best
     fitting schedule so far. The ones that fit come back, fastest first.
@@ -340,15 +344,15 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
     fitting = [c.timeline.makespan for c in candidates if c.fits]
     ceiling = min(fitting) if fitting else math.inf
     over = sorted((c for c in candidates if not c.fits and c.timeline.makespan < ceiling - _EPS),
-                  key=lambda c: (c.timeline.peak > _NEAR * budget, c.timeline.makespan, c.timeline.peak))
+                  key=lambda c: (_tier(c.timeline.peak / budget), c.timeline.makespan, c.timeline.peak))
     picked, seen = [], set()
     for c in over:  # distinct compute orders only: offloaded variants of one heuristic repair alike
         key = _compute_only(c.schedule).devices
         if key in seen:
             continue
         seen.add(key)
-        if picked and c.timeline.peak > _NEAR * budget >= picked[0].timeline.peak:
-            break  # far-off starts only when none is near: they take many slow rounds
+        if picked and _tier(c.timeline.peak / budget) > _tier(picked[0].timeline.peak / budget):
+            break  # farther-off starts only when none is nearer: they take many slow rounds
         picked.append(c)
         if len(picked) == starts:
             break
