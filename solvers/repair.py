@@ -1,8 +1,8 @@
 """Repair: make a fast schedule that overflows the budget fit, at as little cost in time as it can.
 
 The fastest heuristics (PO-H, GIS-H, ZB-H1, 1F1B-I, ...) often peak just over the budget, while
-the memory-capped list schedule that always fits is two or three times slower. Two moves bring a
-schedule's peak down, and the simulator judges every step:
+the memory-capped list schedule that always fits is two or three times slower. Three moves bring
+a schedule's peak down, and the simulator judges every step:
 
 - **Offload more**, on the devices that overflow: activations whose F-to-B window holds a round
   trip through the host and that are live while the device is over the budget. Policy "hidden"
@@ -19,6 +19,8 @@ schedule's peak down, and the simulator judges every step:
   the budget all through its steady state ends up with fewer microbatches in flight. Downstream
   devices then hold back what the moved forwards feed (``_propagate``), so no two lists wait on
   each other.
+- **Pull W passes forward**, when holding back stalls (the excess did not fall, or nothing
+  moved): deferred W passes that hold their weight part through an overflow run before it.
 
 Rounds go on until the schedule fits (returned), or it is no faster than a fitting schedule
 already known, or nothing moves, or the deadline passes (None).
@@ -87,7 +89,7 @@ def _over_intervals(timeline: Timeline, device: int) -> list[tuple[float, float]
 
 
 def hold_back(problem: Problem, schedule: Schedule, timeline: Timeline, devices: Iterable[int],
-              max_step: int | None = None) -> Schedule:
+              max_step: int | None = None, pull_weights: bool = False) -> Schedule:
     """``schedule`` (compute ops only) with forwards held back on ``devices``.
 
     Before: ``timeline`` is the simulator's timing of ``schedule`` or of it with transfers, and
@@ -99,7 +101,9 @@ def hold_back(problem: Problem, schedule: Schedule, timeline: Timeline, devices:
     backward of its own microbatch. Over many rounds a transient peak costs one forward a short wait, and a device that
     overflows all through its steady state ends up with fewer microbatches in flight. The
     downstream devices then hold back what the moved forwards feed (``_propagate``), so that no
-    two lists wait on each other.
+    two lists wait on each other. With ``pull_weights``, the deferred W passes that hold memory
+    through an overflow first move in front of it (``_pull_weights``): where holding back alone
+    stalls, as on the last devices of ZB-H1, whose forwards cannot pass their own backwards.
     """
     by_op = timeline.by_op
     budget = problem.memory.budget
@@ -108,6 +112,8 @@ def hold_back(problem: Problem, schedule: Schedule, timeline: Timeline, devices:
         over = _over_intervals(timeline, device)
         if not over:
             continue
+        if pull_weights:
+            rows[device] = _pull_weights(rows[device], by_op, over)
         ops = rows[device]
         curve = timeline.memory[device]
         times = [t for t, _ in curve]
@@ -130,6 +136,32 @@ def hold_back(problem: Problem, schedule: Schedule, timeline: Timeline, devices:
         rows[device] = _shift_forwards(rows[device], late, relative=True)
     _propagate(problem, rows)
     return Schedule(schedule.name, tuple(tuple(ops) for ops in rows))
+
+
+def _pull_weights(ops: list[Op], by_op, over: list[tuple[float, float]]) -> list[Op]:
+    """Deferred W passes that hold their weight part through an overflow, moved in front of it.
+
+    A W whose B ended before an overflow starts and that itself starts after it moves to just
+    before the first op that starts at or after the overflow's start (never before its own B,
+    which is earlier still). W feeds no other op, so this makes no cycle.
+    """
+    starts = [by_op[op].start for op in ops]  # rising: a device runs its list in order
+    before: dict[int, list[Op]] = {}  # list position -> W passes to run just before it
+    pulled = set()
+    for lo, _ in over:
+        at = bisect.bisect_left(starts, lo - _EPS)
+        for op in ops[at:]:
+            if op.kind is _W and op not in pulled and by_op[Op(_B, op.stage, op.microbatch)].end <= lo + _EPS:
+                before.setdefault(at, []).append(op)
+                pulled.add(op)
+    if not pulled:
+        return ops
+    out: list[Op] = []
+    for k, op in enumerate(ops):
+        out.extend(before.get(k, ()))
+        if op not in pulled:
+            out.append(op)
+    return out
 
 
 def _ops_to_free(problem: Problem, ops: list[Op], first: int, need: int) -> int:
@@ -286,6 +318,7 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
     placed = schedule
     timeline = simulate(problem, placed)
     misses = 0  # offload rounds in a row that did not help: the link is full, stop asking it
+    stalled = False  # the last hold-back did not lower the excess: pull W passes forward too
     for _ in range(_MAX_ROUNDS):
         if timeline.fits:
             return Candidate(name, placed.renamed(name), timeline)
@@ -301,22 +334,25 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
                     continue
                 misses += 1
         over = [d for d in range(problem.devices) if timeline.peak_memory[d] > problem.memory.budget]
-        step = _held_back(problem, compute, timeline, over, pairs, policy, max_step)
+        step = _held_back(problem, compute, timeline, over, pairs, policy, max_step, stalled)
+        if step is None and not stalled:
+            step = _held_back(problem, compute, timeline, over, pairs, policy, max_step, True)
         if step is None:
             return None
+        stalled = excess(step[2]) >= excess(timeline)
         compute, placed, timeline = step
         pairs = placed.offloaded
     return None
 
 
 def _held_back(problem: Problem, compute: Schedule, timeline: Timeline, over: list[int], pairs: frozenset,
-               policy: str, max_step: int | None) -> tuple[Schedule, Schedule, Timeline] | None:
+               policy: str, max_step: int | None, pull_weights: bool) -> tuple[Schedule, Schedule, Timeline] | None:
     """Hold back the overflowing devices and place the offloads again; None when nothing moves.
 
     ``_propagate`` rules out the cycles that holding back makes; should the simulator still find
     one, or an offload not place, the repair ends there (None) rather than guess.
     """
-    moved = hold_back(problem, compute, timeline, over, max_step)
+    moved = hold_back(problem, compute, timeline, over, max_step, pull_weights)
     if moved.devices == compute.devices:
         return None
     try:

@@ -102,3 +102,14 @@ def test_compile_starts_from_a_repaired_schedule():
     assert compiled.timeline.fits
     assert compiled.makespan_ms < capped.makespan
     assert compiled.makespan_ms >= compiled.lower_bound_ms - 1e-6
+
+
+def test_zb_h1_repaired_by_pulling_its_deferred_weight_passes():
+    # v = 1: the last device's forwards cannot pass their own backwards; what it holds over the
+    # budget is the weight part of deferred W passes, which must run earlier instead.
+    base = uniform_problem(4, 8, act=100, keep=90, offload=LINK)
+    problem = base.with_budget(int(_peak(base, "ZB-H1") * 0.6))
+    schedule = generate("ZB-H1", problem)
+    assert not simulate(problem, schedule).fits
+    repaired = repair(problem, schedule, "all", max_step=1)
+    assert repaired is not None and simulate(problem, repaired.schedule).fits
