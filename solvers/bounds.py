@@ -8,10 +8,14 @@ Makespan: the larger of two arguments, each valid for every schedule the simulat
   path after it). Jackson's preemptive schedule, largest tail first, solves the preemptive
   relaxation exactly; its max(completion + tail) is a bound. This covers per-device work and
   pipeline fill and drain at once.
-- What the budget forces: memory held over time (bytes x ms) is at most budget x makespan.
-  Each activation is held at least from F's start to B's end (its round trip through the
-  later stages) plus its weight part until W ends, or, offloaded, for F plus the offload and
-  the reload plus B. The smaller of the two per activation, summed, over the budget.
+- What the budget and the host link force: memory a device holds over time (bytes x ms) is at
+  most budget x (makespan - the earliest its first forward can start). Each activation is held
+  at least from F's start to B's end (its round trip through the later stages) plus its weight
+  part until W ends, or, offloaded, for F plus the offload and the reload plus B; and the
+  device's offloads (reloads) run one at a time on its D2H (H2D) channel, so within the
+  makespan only so many can go to the host. The least area for a given makespan (offloading
+  the best savings per ms of link first, fractions allowed) against the room the budget gives
+  meets at the bound (``_area_bound``).
 
 A split backward (B then W) relaxes a fused BW, so bounds computed with B and W apart hold for
 schedules that fuse them.
