@@ -166,7 +166,7 @@ def _area_bound(problem: Problem, paths: Paths, device: int) -> Bound:
     plus keep x W for the part W still needs; offloaded, act x (F + offload + reload + B) + keep x W.
     Offloading is limited by the host link: the device's offloads run one at a time on its D2H
     channel and its reloads on its H2D channel, both after the device's first forward ends, so
-    their durations sum to at most T - head - F(first stage). Relaxing the choice of what to
+    their durations sum to at most T minus the earliest that can be. Relaxing the choice of what to
     offload to fractions (the best savings per ms of link first) gives the least area for each
     T, which falls as T grows while the room budget x (T - head) rises; the bound is where they
     meet, found by bisection. ``head`` is the earliest any forward of the device can start. Each
@@ -177,7 +177,7 @@ def _area_bound(problem: Problem, paths: Paths, device: int) -> Bound:
     m, budget = pipe.microbatches, memory.budget
     stages = pipe.stages_on(device)
     head = min(paths.head[(_F, s)] for s in stages)
-    first = min(stages, key=lambda s: paths.head[(_F, s)])
+    first_end = min(paths.head[(_F, s)] + f[s] for s in stages)  # no transfer starts before
     resident = 0.0
     # per stage that gains by offloading: (saving per ms of D2H, per ms of H2D, D2H ms, H2D ms, saving, count)
     savings: list[tuple[float, float, float, float, float, int]] = []
@@ -195,7 +195,7 @@ def _area_bound(problem: Problem, paths: Paths, device: int) -> Bound:
         candidates = []
         for channel in (0, 1):
             order = sorted(savings, key=lambda item: -item[channel])
-            least = lambda T: _least_area(resident, order, channel, T - head - f[first])  # noqa: E731
+            least = lambda T: _least_area(resident, order, channel, T - first_end)  # noqa: E731
             candidates.append(_meet(least, budget, head, value))
         value = max(candidates)
         why = "with what its host link can move"
