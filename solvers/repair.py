@@ -98,8 +98,9 @@ def hold_back(problem: Problem, schedule: Schedule, timeline: Timeline, devices:
     as free the excess at its start (at least one, at most ``max_step``); when a reload opens an
     overflow, the last F before it moves instead. The forwards behind a moved one follow it, so
     a device's forwards keep their order, its other ops keep theirs, and no forward passes a
-    backward of its own microbatch. Over many rounds a transient peak costs one forward a short wait, and a device that
-    overflows all through its steady state ends up with fewer microbatches in flight. The
+    backward of its own microbatch. Over many rounds a transient peak costs one forward a short
+    wait, and a device that overflows all through its steady state ends up with fewer
+    microbatches in flight. The
     downstream devices then hold back what the moved forwards feed (``_propagate``), so that no
     two lists wait on each other. With ``pull_weights``, the deferred W passes that hold memory
     through an overflow first move in front of it (``_pull_weights``): where holding back alone
