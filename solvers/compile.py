@@ -38,8 +38,9 @@ _EPS = 1e-6
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
 _WARM_SHARE = 0.3  # of the time limit, at most, for building warm starts
-_REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones, when the warm starts left any of it,
-_REPAIR_AFTER = 0.4  # at least this much of the time limit after the warm starts
+_REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
+_REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
+_MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,9 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     if solver.startswith("heuristic:"):
         return _heuristic(problem, solver, entries, baseline, bound, began)
     candidates = warm_starts(problem, entries, deadline=began + _WARM_SHARE * time_limit_s)
-    if time.monotonic() < began + _REPAIR_SHARE * time_limit_s:  # no time left: the heuristics as they are
-        repair_until = max(began + _REPAIR_SHARE * time_limit_s, time.monotonic() + _REPAIR_AFTER * time_limit_s)
+    now, end = time.monotonic(), began + time_limit_s
+    if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
+        repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
         candidates += repair_candidates(problem, candidates, deadline=repair_until)
     start = best_candidate(candidates)
     if start is not None:
