@@ -93,7 +93,8 @@ def print_result(compiled) -> None:
     for warning in compiled.warnings:
         console.print(f"  warning: {warning}")
     if compiled.resolution_ms:
-        console.print(f"  exact model time unit {compiled.resolution_ms:.4g} ms; reported times are the simulator's")
+        console.print(f"  the exact model counted time in units of {compiled.resolution_ms:.4g} ms; "
+                      f"every reported time is the simulator's")
 
 
 def _plan_writer_available() -> bool:
