@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from conftest import PROBLEM_DIR
+from conftest import BASE_PROBLEM, PROBLEM_DIR
 
 from optpipe.compiler.bytecode import decode, encode, read_plan, write_plan
 from optpipe.compiler.cli import main
@@ -32,26 +32,8 @@ from optpipe.solvers import generate
 BALANCED = str(PROBLEM_DIR / "balanced-p4-m8.toml")
 CODES = {0, 1, 2, 64}
 
-BASE = """\
-name = "t"
-[pipeline]
-devices = 4
-chunks_per_device = 1
-microbatches = 8
-[costs]
-forward = 20
-backward_input = 20
-backward_weight = 20
-p2p = 0.5
-[memory]
-activation = "200MiB"
-weight_activation = "100MiB"
-budget = "1GiB"
-[offload]
-enabled = true
-d2h_bandwidth = "24GB/s"
-h2d_bandwidth = "24GB/s"
-"""
+# The shared small problem, without the keys these tests set themselves or expect absent.
+BASE = BASE_PROBLEM.lstrip("\n").replace('placement = "interleaved"\n', "").replace('host_budget = "64GiB"\n', "")
 
 MODEL = """\
 name = "m"

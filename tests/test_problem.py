@@ -8,30 +8,9 @@ from optpipe.compiler.errors import ProblemError
 from optpipe.compiler.problem import Placement, dumps_problem, load_problem, loads_problem
 from optpipe.compiler.units import parse_bandwidth, parse_size
 
-from conftest import INSTANCES
+from conftest import BASE_PROBLEM, INSTANCES
 
-BASE = """
-name = "t"
-[pipeline]
-devices = 4
-chunks_per_device = 1
-placement = "interleaved"
-microbatches = 8
-[costs]
-forward = 20
-backward_input = 20
-backward_weight = 20
-p2p = 0.5
-[memory]
-activation = "200MiB"
-weight_activation = "100MiB"
-budget = "1GiB"
-[offload]
-enabled = true
-d2h_bandwidth = "24GB/s"
-h2d_bandwidth = "24GB/s"
-host_budget = "64GiB"
-"""
+BASE = BASE_PROBLEM
 
 
 def edited(old: str, new: str) -> str:

@@ -18,12 +18,12 @@ same peak memory (``_greedy.cost_aware``) and keeps whichever is faster.
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Placement, Problem
+from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule
 
-from ..registry import register, require
+from ..registry import register
 from ._greedy import cost_aware
-from .interleaved import interleaved_group
+from .interleaved import interleaved_group, require_interleaved_rounds
 
 __all__ = ["zb_interleaved", "zb_interleaved_warmup"]
 
@@ -66,15 +66,7 @@ def _device_order(p: int, v: int, m: int, d: int) -> list[Op]:
                   "PyTorch ScheduleInterleavedZeroBubble",
           "v >= 2 chunks, split B/W, W held back to fill the bubble; (v-1)g + p activations on device 0")
 def zb_interleaved(problem: Problem) -> Schedule:
+    require_interleaved_rounds(problem, "ZB-I", "use ZB-H1 for one chunk per device")
     pipe = problem.pipeline
     p, v, m = pipe.devices, pipe.chunks_per_device, pipe.microbatches
-    require(v >= 2, f"ZB-I interleaves v >= 2 model chunks per device; this problem has {v} "
-                    f"(use ZB-H1 for one chunk per device)")
-    require(pipe.placement is Placement.INTERLEAVED,
-            f'ZB-I needs placement = "interleaved" (stage s on device s % p); this problem uses '
-            f'"{pipe.placement.value}"')
-    rounds = max(1, m // p)
-    require(m % rounds == 0,
-            f"ZB-I groups microbatches in {rounds} equal rounds (max(1, m // p), as PyTorch does), but {m} "
-            f"microbatches do not split into {rounds}; use a multiple of {p} or one that {rounds} divides")
     return cost_aware(problem, Schedule.of("ZB-I", [_device_order(p, v, m, d) for d in range(p)]))
