@@ -94,6 +94,17 @@ class Offload:
     d2h_bandwidth: float = 0.0  # bytes per second
     h2d_bandwidth: float = 0.0
     host_budget: int = 0  # bytes per device
+    # Devices that share one host link (one PCIe switch): each group has one D2H and one H2D
+    # channel, so its devices' transfers run one at a time, each at the link's bandwidth.
+    # Devices in no group keep a link of their own.
+    link_groups: tuple[tuple[int, ...], ...] = ()
+
+    def link_of(self, device: int) -> int:
+        """The link a device's transfers use: its group's first device, or the device itself."""
+        for group in self.link_groups:
+            if device in group:
+                return group[0]
+        return device
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,7 @@ _TOP_KEYS = {"name", "pipeline", "costs", "memory", "offload", "model", "hardwar
 _PIPELINE_KEYS = {"devices", "chunks_per_device", "placement", "microbatches"}
 _COST_KEYS = {"forward", "backward_input", "backward_weight", "p2p"}
 _MEMORY_KEYS = {"activation", "weight_activation", "budget"}
-_OFFLOAD_KEYS = {"enabled", "d2h_bandwidth", "h2d_bandwidth", "host_budget"}
+_OFFLOAD_KEYS = {"enabled", "d2h_bandwidth", "h2d_bandwidth", "host_budget", "link_groups"}
 
 
 def check_keys(table: dict, allowed: set[str], where: str) -> None:
@@ -243,13 +254,38 @@ def _memory(table: dict, stages: int, derived: Memory | None = None) -> Memory:
     return Memory(activation, weight_activation, budget)
 
 
-def _offload(data: dict) -> Offload:
+def _link_groups(value: Any, devices: int) -> tuple[tuple[int, ...], ...]:
+    """``[[0, 1], [2, 3]]``: devices that share one host link; each device in at most one group."""
+    key = "offload.link_groups"
+    if not isinstance(value, list) or not all(isinstance(group, list) for group in value):
+        raise ProblemError(f"{key}: expected a list of lists of device numbers like [[0, 1], [2, 3]], got {value!r}")
+    seen: dict[int, int] = {}
+    groups = []
+    for number, group in enumerate(value):
+        if len(group) < 2:
+            raise ProblemError(f"{key}[{number}]: a group shares one link between at least two devices, "
+                               f"got {group!r}; leave a device with a link of its own out of every group")
+        for device in group:
+            if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < devices:
+                raise ProblemError(f"{key}[{number}]: {device!r} is not a device; devices run 0..{devices - 1}")
+            if device in seen:
+                raise ProblemError(f"{key}[{number}]: device {device} is already in group {seen[device]}; "
+                                   f"a device is in at most one link group")
+            seen[device] = number
+        groups.append(tuple(sorted(group)))
+    return tuple(groups)
+
+
+def _offload(data: dict, devices: int | None = None) -> Offload:
     table = _table(data, "offload", required=False)
     check_keys(table, _OFFLOAD_KEYS, "offload")
     enabled = table.get("enabled", bool(table))
     if not isinstance(enabled, bool):
         raise ProblemError(f"offload.enabled: expected true or false, got {enabled!r}")
     if not enabled:
+        if table.get("link_groups"):
+            raise ProblemError("offload.link_groups: shared host links only matter for transfers, but offload "
+                               "is not enabled; set offload.enabled = true with bandwidths, or drop link_groups")
         return Offload()
     for key in ("d2h_bandwidth", "h2d_bandwidth"):
         if key not in table:
@@ -262,6 +298,8 @@ def _offload(data: dict) -> Offload:
         d2h_bandwidth=parse_bandwidth(table["d2h_bandwidth"], "offload.d2h_bandwidth"),
         h2d_bandwidth=parse_bandwidth(table["h2d_bandwidth"], "offload.h2d_bandwidth"),
         host_budget=parse_size(table.get("host_budget", "1TiB"), "offload.host_budget"),
+        link_groups=_link_groups(table["link_groups"], devices if devices is not None else 1 << 30)
+        if "link_groups" in table else (),
     )
 
 
@@ -287,11 +325,11 @@ def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
         if offload_table.get("enabled", bool(offload_table)):
             offload_table.setdefault("d2h_bandwidth", link)
             offload_table.setdefault("h2d_bandwidth", link)
-        offload = _offload({"offload": offload_table} if offload_table else {})
+        offload = _offload({"offload": offload_table} if offload_table else {}, pipeline.devices)
     else:
         costs = _costs(_table(data, "costs", required=True), pipeline.stages)
         memory = _memory(_table(data, "memory", required=True), pipeline.stages)
-        offload = _offload(data)
+        offload = _offload(data, pipeline.devices)
     largest = max(memory.activation)
     if memory.budget < largest:
         raise ProblemError(
@@ -366,6 +404,9 @@ def dumps_problem(problem: Problem) -> str:
             f"h2d_bandwidth = {_number(offload.h2d_bandwidth)}  # {format_bandwidth(offload.h2d_bandwidth)}",
             f"host_budget = {offload.host_budget}  # {format_size(offload.host_budget)}",
         ]
+        if offload.link_groups:
+            groups = ", ".join("[" + ", ".join(str(d) for d in group) + "]" for group in offload.link_groups)
+            lines.append(f"link_groups = [{groups}]  # devices that share one host link")
     return "\n".join(lines) + "\n"
 
 

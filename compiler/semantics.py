@@ -20,6 +20,15 @@ The rules (DESIGN.md, "Semantics"):
 
 What the schedule adds (device order, one op per channel at a time, the issue point of a
 transfer) is not a property of the op; the simulator derives it from the lists.
+
+Shared host links (``[offload] link_groups``): the devices of a group have one D2H and one H2D
+channel between them (``link``), and each transfer still runs at the link's full bandwidth, one
+at a time. A device's own transfers keep their list order. Across the group's devices the
+channel is a FIFO: it carries next the transfer that became ready first (``ready``: its waits,
+its issue point and its device's previous transfer on the channel all met), ties to the lower
+device, then the earlier list position. A transfer ready while the channel is busy starts when
+it frees. That order is a function of the lists alone, so every simulation of a schedule is the
+same; a solver may order a shared channel any other way, and the simulator is the judge.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ __all__ = [
     "holds",
     "effects",
     "spec",
+    "link",
+    "ready_key",
 ]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
@@ -218,6 +229,18 @@ def effects(problem: Problem, op: Op, *, fused: bool = False, offloaded: bool = 
         if hold.ends.op == op:
             out.append(Effect(hold.place, At.END, -hold.bytes))
     return tuple(out)
+
+
+def link(problem: Problem, device: int) -> int:
+    """The host link a device's transfers use, named by its group's first device (the device
+    itself when it shares its link with no one): ops on (link, channel) run one at a time."""
+    return problem.offload.link_of(device)
+
+
+def ready_key(ready_ms: float, device: int, position: int) -> tuple[float, int, int]:
+    """The order in which a shared channel carries transfers: ready first, then lower device, then
+    earlier in the device's list."""
+    return (instant(ready_ms), device, position)
 
 
 def spec(problem: Problem, op: Op, *, fused_above: bool = False, fused: bool = False,
