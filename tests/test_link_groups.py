@@ -98,3 +98,56 @@ def test_shared_channel_is_fifo_by_ready_time():
     assert by[Op(OFF, 1, 0)].start == pytest.approx(3.0)
     assert by[Op(OFF, 0, 1)].start == pytest.approx(5.0)
     assert simulate(problem, schedule) == first  # deterministic
+
+
+# ------------------------------------------------------------------ solvers
+
+
+def _shared_problem(k: float = 1.0):
+    """WITH_OFFLOAD of test_cpsat with devices 0-1 and 2-3 on shared links (1 ms a transfer at k = 1)."""
+    bandwidth = 1e5 / k
+    return uniform_problem(4, 6, act=100, keep=50, budget=250, name="shared",
+                           offload=Offload(True, bandwidth, bandwidth, 10**9, link_groups=((0, 1), (2, 3))))
+
+
+def _check_shared_channels(timeline):
+    problem = timeline.problem
+    for group in problem.offload.link_groups:
+        for kind in (OFF, REL):
+            spans = sorted((t.start, t.end) for t in timeline.timings if t.op.kind is kind and t.device in group)
+            for (_, end), (start, _) in zip(spans, spans[1:]):
+                assert end <= start + 1e-9
+
+
+def test_cpsat_and_milp_respect_shared_links():
+    from optpipe.solvers.compare import compare
+    from optpipe.solvers.cpsat import solve_cpsat
+    from optpipe.solvers.milp import solve_milp
+    from optpipe.solvers.bounds import makespan_lower_bound
+    from optpipe.solvers.warmstart import best_candidate, warm_starts
+
+    problem = _shared_problem()
+    hint = best_candidate(warm_starts(problem, compare(problem))).schedule
+    heuristic = simulate(problem, hint)
+    assert heuristic.fits
+    bound = makespan_lower_bound(problem).value
+    for result in (solve_cpsat(problem, time_limit_s=10, hint=hint, workers=1, seed=1),
+                   solve_milp(problem, backend="highs", time_limit_s=10, hint=hint)):
+        if result.schedule is None:
+            continue
+        timeline = simulate(problem, result.schedule)
+        assert timeline.fits and timeline.makespan == pytest.approx(result.makespan_ms)
+        assert bound - 1e-9 <= result.lower_bound_ms <= timeline.makespan + 1e-9
+        _check_shared_channels(timeline)
+        assert timeline.makespan <= heuristic.makespan + 1e-9
+
+
+def test_po_h_keeps_its_compute_timeline_on_shared_links():
+    from optpipe.solvers.heuristics.gis import gis_h
+    from optpipe.solvers.heuristics.pipeoffload import po_h
+
+    problem = uniform_problem(4, 8, v=2, act=100, keep=50, budget=10**6, name="shared-poh",
+                              offload=Offload(True, 1e5 / 0.9, 1e5 / 0.9, 10**9, link_groups=((0, 1), (2, 3))))
+    timeline = simulate(problem, po_h(problem))
+    assert timeline.makespan == pytest.approx(simulate(problem, gis_h(problem)).makespan)
+    _check_shared_channels(timeline)

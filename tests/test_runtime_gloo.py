@@ -43,7 +43,9 @@ SEED = 0
 HEURISTICS = ["1F1B", "1F1B-I", "ZB-H1", "ZB-H2", "ZBV", "V-Half", "GIS-H", "PO-H", "PO-F"]
 CHUNKS = {"1F1B": 1, "ZB-H1": 1, "ZB-H2": 1}
 VSHAPE = {"ZBV", "V-Half"}
-OFFLOADING = {"PO-H", "PO-F", "solver"}
+OFFLOADING = {"PO-H", "PO-F", "solver", "PO-H-linked", "solver-linked"}
+# Issue 14: the same on shared host links (devices 0-1 and 2-3 share one link each).
+LINKED = ["PO-H-linked", "solver-linked"]
 MICROBATCHES = {2: 4, 4: 8}  # per world size; the solver's problems use 4 to solve in well under a second
 
 _SIZES: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -57,7 +59,7 @@ def _profiled_sizes(stages: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _problem(devices: int, chunks: int, placement: Placement, budget_activations: float | None = None,
-             microbatches: int | None = None) -> Problem:
+             microbatches: int | None = None, linked: bool = False) -> Problem:
     """Fixed costs (F = B = W = 1 ms), profiled sizes, a host link with k = 0.5 (round trip = (F + B) / 2)."""
     stages = devices * chunks
     activation, weight_activation = _profiled_sizes(stages)
@@ -68,7 +70,8 @@ def _problem(devices: int, chunks: int, placement: Placement, budget_activations
         pipeline=Pipeline(devices, chunks, placement, microbatches or MICROBATCHES[devices]),
         costs=Costs((1.0,) * stages, (1.0,) * stages, (1.0,) * stages, 0.0),
         memory=Memory(activation, weight_activation, budget),
-        offload=Offload(True, bandwidth, bandwidth, 2**40),
+        offload=Offload(True, bandwidth, bandwidth, 2**40,
+                        link_groups=tuple((d, d + 1) for d in range(0, devices, 2)) if linked else ()),
     )
 
 
@@ -90,6 +93,12 @@ def _plans(devices: int):
     result = solve_cpsat(problem, time_limit_s=10.0, workers=1, seed=0)
     assert result.schedule is not None, f"CP-SAT found no plan for the test problem: {result.status}"
     plans.append(("solver", problem, result.schedule))
+    problem = _problem(devices, 2, Placement.INTERLEAVED, linked=True)
+    plans.append(("PO-H-linked", problem, generate("PO-H", problem)))
+    problem = _problem(devices, 1, Placement.INTERLEAVED, budget_activations=2.0, microbatches=4, linked=True)
+    result = solve_cpsat(problem, time_limit_s=10.0, workers=1, seed=0)
+    assert result.schedule is not None, f"CP-SAT found no plan for the linked test problem: {result.status}"
+    plans.append(("solver-linked", problem, result.schedule))
     return plans, missing
 
 
@@ -130,7 +139,7 @@ def world(request):
             "seconds": time.monotonic() - started}
 
 
-@pytest.mark.parametrize("name", HEURISTICS + ["solver"])
+@pytest.mark.parametrize("name", HEURISTICS + ["solver"] + LINKED)
 def test_gradients_and_loss_match_single_process_training(world, name):
     if name in world["missing"]:
         pytest.fail(f"{name} does not apply to the test problem: {world['missing'][name]}")
@@ -148,7 +157,7 @@ def test_gradients_and_loss_match_single_process_training(world, name):
         assert error <= 1e-5, f"{name}: {param} relative error {error:.2e}"
 
 
-@pytest.mark.parametrize("name", HEURISTICS + ["solver"])
+@pytest.mark.parametrize("name", HEURISTICS + ["solver"] + LINKED)
 def test_measured_peak_activation_equals_the_simulators(world, name):
     if name in world["missing"]:
         pytest.fail(f"{name} does not apply to the test problem: {world['missing'][name]}")
