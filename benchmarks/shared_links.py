@@ -34,7 +34,7 @@ def _problem(k: float, budget_fraction: float):
 
 def run(time_limit_s: float = TIME_LIMIT_S) -> list[dict]:
     rows = []
-    for k, budget_fraction in ((0.5, 1.0), (0.5, 0.75), (1.0, 1.0), (1.0, 0.75)):
+    for k, budget_fraction in ((1.0, 1.5), (1.0, 1.75), (1.5, 1.25), (1.5, 1.5)):  # budgets in 2-activation units
         own, shared = _problem(k, budget_fraction)
         ignorant = compile_problem(own, time_limit_s=time_limit_s, workers=1)
         truth = simulate(shared, ignorant.schedule)
