@@ -24,6 +24,7 @@ __all__ = [
     "Costs",
     "Memory",
     "Offload",
+    "Recompute",
     "Problem",
     "load_problem",
     "loads_problem",
@@ -108,12 +109,27 @@ class Offload:
 
 
 @dataclass(frozen=True)
+class Recompute:
+    """Re-running F(s, i) before its backward instead of keeping what it saved (issue 14).
+
+    Per stage: ``time_ms`` is the RECOMPUTE op's duration; ``resident`` is what stays on the
+    device from F's end to the recompute's start (the stage input, or in selective mode the
+    activations that are kept).
+    """
+
+    enabled: bool = False
+    time_ms: tuple[float, ...] = ()
+    resident: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Problem:
     name: str
     pipeline: Pipeline
     costs: Costs
     memory: Memory
     offload: Offload = field(default_factory=Offload)
+    recompute: Recompute = field(default_factory=Recompute)
 
     @property
     def devices(self) -> int:
@@ -134,6 +150,13 @@ class Problem:
     def reload_ms(self, stage: int) -> float:
         return self.memory.activation[stage] / self.offload.h2d_bandwidth * 1e3
 
+    def recompute_ms(self, stage: int) -> float:
+        """Time to re-run F(stage) before its backward (a whole forward when the problem gives none)."""
+        return self.recompute.time_ms[stage] if self.recompute.enabled else self.costs.forward[stage]
+
+    def without_recompute(self) -> "Problem":
+        return replace(self, recompute=Recompute())
+
     def with_budget(self, budget: int) -> "Problem":
         return replace(self, memory=replace(self.memory, budget=int(budget)))
 
@@ -143,10 +166,11 @@ class Problem:
 
 # --------------------------------------------------------------------------- loading
 
-_TOP_KEYS = {"name", "pipeline", "costs", "memory", "offload", "model", "hardware"}
+_TOP_KEYS = {"name", "pipeline", "costs", "memory", "offload", "model", "hardware", "recompute"}
 _PIPELINE_KEYS = {"devices", "chunks_per_device", "placement", "microbatches"}
 _COST_KEYS = {"forward", "backward_input", "backward_weight", "p2p"}
 _MEMORY_KEYS = {"activation", "weight_activation", "budget"}
+_RECOMPUTE_KEYS = {"enabled", "mode", "time", "time_ms", "resident", "selective_time", "selective_memory"}
 _OFFLOAD_KEYS = {"enabled", "d2h_bandwidth", "h2d_bandwidth", "host_budget", "link_groups"}
 
 
@@ -303,6 +327,65 @@ def _offload(data: dict, devices: int | None = None) -> Offload:
     )
 
 
+def _fraction(value: Any, key: str, upper: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ProblemError(f"{key}: expected a fraction (a number, zero or more), got {value!r}")
+    if upper is not None and value > upper:
+        raise ProblemError(f"{key}: must be at most {upper:g}, got {value!r}")
+    return float(value)
+
+
+def _recompute(data: dict, costs: Costs, memory: Memory) -> Recompute:
+    """``[recompute]``: the cost of re-running a stage's forward before its backward.
+
+    ``time`` is a fraction of F (default 1: the whole forward again) and ``time_ms`` gives
+    milliseconds instead; ``resident`` is what stays on the device between F and the recompute
+    (the stage input; a size, or a list per stage). ``mode = "selective"`` recomputes only the
+    cheap part: ``selective_time`` of F, freeing ``selective_memory`` of the activation.
+    """
+    table = _table(data, "recompute", required=False)
+    check_keys(table, _RECOMPUTE_KEYS, "recompute")
+    enabled = table.get("enabled", bool(table))
+    if not isinstance(enabled, bool):
+        raise ProblemError(f"recompute.enabled: expected true or false, got {enabled!r}")
+    if not enabled:
+        return Recompute()
+    stages = len(costs.forward)
+    mode = table.get("mode", "full")
+    if mode not in ("full", "selective"):
+        raise ProblemError(f'recompute.mode: expected "full" or "selective", got {mode!r}')
+    resident = (_per_stage(table["resident"], "recompute.resident", stages, parse_size)
+                if "resident" in table else (0,) * stages)
+    for stage, (kept, act) in enumerate(zip(resident, memory.activation)):
+        if kept > act:
+            raise ProblemError(f"recompute.resident: stage {stage} keeps {format_size(kept)} between F and the "
+                               f"recompute, more than its activation {format_size(act)}")
+    if mode == "selective":
+        for key in ("time", "time_ms"):
+            if key in table:
+                raise ProblemError(f'recompute.{key}: selective mode takes selective_time (a fraction of F) '
+                                   f'instead; drop {key} or set mode = "full"')
+        if "selective_time" not in table or "selective_memory" not in table:
+            raise ProblemError('recompute.selective_time and recompute.selective_memory: selective mode needs both '
+                               '(the fraction of F it re-runs and the fraction of the activation it frees)')
+        share = _fraction(table["selective_time"], "recompute.selective_time", 1.0)
+        freed = _fraction(table["selective_memory"], "recompute.selective_memory", 1.0)
+        time_ms = tuple(share * f for f in costs.forward)
+        resident = tuple(max(kept, act - int(freed * act)) for kept, act in zip(resident, memory.activation))
+    else:
+        for key in ("selective_time", "selective_memory"):
+            if key in table:
+                raise ProblemError(f'recompute.{key}: only for mode = "selective"')
+        if "time" in table and "time_ms" in table:
+            raise ProblemError("recompute.time and recompute.time_ms: give one (a fraction of F, or milliseconds)")
+        if "time_ms" in table:
+            time_ms = _per_stage(table["time_ms"], "recompute.time_ms", stages, _milliseconds)
+        else:
+            share = _fraction(table.get("time", 1.0), "recompute.time")
+            time_ms = tuple(share * f for f in costs.forward)
+    return Recompute(True, tuple(time_ms), tuple(resident))
+
+
 def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
     """Build a Problem from the parsed TOML tables."""
     check_keys(data, _TOP_KEYS, "")
@@ -337,7 +420,7 @@ def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
             f"({format_size(largest)}), so not even one microbatch can run; raise the budget to at least "
             f"{format_size(largest)}"
         )
-    return Problem(name, pipeline, costs, memory, offload)
+    return Problem(name, pipeline, costs, memory, offload, _recompute(data, costs, memory))
 
 
 def loads_problem(text: str, default_name: str = "problem") -> Problem:
@@ -407,6 +490,15 @@ def dumps_problem(problem: Problem) -> str:
         if offload.link_groups:
             groups = ", ".join("[" + ", ".join(str(d) for d in group) + "]" for group in offload.link_groups)
             lines.append(f"link_groups = [{groups}]  # devices that share one host link")
+    recompute = problem.recompute
+    if recompute.enabled:
+        lines += [
+            "",
+            "[recompute]  # milliseconds, bytes",
+            "enabled = true",
+            f"time_ms = {_scalar_or_list(recompute.time_ms)}",
+            f"resident = {_scalar_or_list(recompute.resident)}",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,7 @@ from .units import format_size
 __all__ = ["OpTiming", "Timeline", "simulate", "start_times", "describe_fit", "op_duration"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
+_RC = OpKind.RECOMPUTE
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,10 @@ def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]
         first = next(op for op in where if op.kind in (_OFF, _REL))
         raise ScheduleError(f"{first} moves an activation, but offload is not enabled in the problem "
                             f"([offload] enabled = true with bandwidths)")
+    if not problem.recompute.enabled and any(op.kind is _RC for op in where):
+        first = next(op for op in where if op.kind is _RC)
+        raise ScheduleError(f"{first} recomputes an activation, but recompute is not enabled in the problem "
+                            f"(add a [recompute] table)")
     for s in range(stages):
         for i in range(microbatches):
             if Op(_F, s, i) not in where:
@@ -148,6 +153,18 @@ def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]
                     if Op(kind, s, i) not in where:
                         raise ScheduleError(f"missing op {Op(kind, s, i)}: a split backward needs both B and W")
             off, rel = Op(_OFF, s, i), Op(_REL, s, i)
+            rc = Op(_RC, s, i)
+            if rc in where:
+                backward = Op(_B, s, i) if split else Op(_BW, s, i)
+                if off in where:
+                    raise ScheduleError(f"{rc} and {off}: an activation is kept, offloaded or recomputed, "
+                                        f"not both offloaded and recomputed")
+                if where[rc][1] < where[Op(_F, s, i)][1]:
+                    raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {rc} is listed before "
+                                        f"its F{s}:{i}; a recompute re-runs the forward, so it comes after F")
+                if where[rc][1] > where[backward][1]:
+                    raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {backward} is listed before "
+                                        f"its {rc}; the recompute must come before the backward that uses it")
             if (rel in where) and (off not in where):
                 raise ScheduleError(f"{rel} without OFF{s}:{i}: only an offloaded activation can be reloaded")
             if (off in where) and (rel not in where):
@@ -204,28 +221,31 @@ class _Rules:
         self.problem = problem
         self.fused = {(op.stage, op.microbatch) for op in present if op.kind is _BW}
         self.offloaded = {(op.stage, op.microbatch) for op in present if op.kind is _OFF}
+        self.recomputed = {(op.stage, op.microbatch) for op in present if op.kind is _RC}
         self._waits: dict = {}
         self._effects: dict = {}
 
     def waits(self, op: Op) -> tuple[tuple[OpKind, int, float], ...]:
         s, i = op.stage, op.microbatch
-        key = (op.kind, s, (s + 1, i) in self.fused, (s, i) in self.offloaded)
+        key = (op.kind, s, (s + 1, i) in self.fused, (s, i) in self.offloaded, (s, i) in self.recomputed)
         rule = self._waits.get(key)
         if rule is None:
             rule = self._waits[key] = tuple(
                 (w.op.kind, w.op.stage, w.lag_ms)
-                for w in waits(self.problem, Op(op.kind, s, 0), fused_above=key[2], offloaded=key[3]))
+                for w in waits(self.problem, Op(op.kind, s, 0), fused_above=key[2], offloaded=key[3],
+                               recomputed=key[4]))
         return rule
 
     def effects(self, op: Op) -> tuple[tuple[Place, bool, int], ...]:
         """(place, at the end?, bytes taken (+) or released (-))."""
         pair = (op.stage, op.microbatch)
-        key = (op.kind, op.stage, pair in self.fused, pair in self.offloaded)
+        key = (op.kind, op.stage, pair in self.fused, pair in self.offloaded, pair in self.recomputed)
         rule = self._effects.get(key)
         if rule is None:
             rule = self._effects[key] = tuple(
                 (e.place, e.at is At.END, e.delta)
-                for e in effects(self.problem, Op(op.kind, op.stage, 0), fused=key[2], offloaded=key[3]))
+                for e in effects(self.problem, Op(op.kind, op.stage, 0), fused=key[2], offloaded=key[3],
+                                 recomputed=key[4]))
         return rule
 
 

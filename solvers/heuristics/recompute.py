@@ -1,0 +1,67 @@
+"""Recompute variants (issue 14): 1F1B-capped-RC and PO-H-RC.
+
+- 1F1B-capped-RC is the memory-capped list schedule (capped.py) with every activation
+  recomputed: between F and its recompute a microbatch holds only ``[recompute] resident``
+  bytes, so the cap admits as many microbatches as the resident bytes allow, leaving room for
+  one whole activation (the F or the recompute in progress: one compute op runs at a time, and
+  the recompute sits right before its backward). It fits whenever one activation plus the
+  resident bytes fit, and trades a forward's time per microbatch for pipeline depth.
+- PO-H-RC is PO-H with the pairs it wanted to offload but the host link could not hide
+  (``add_hidden_offloads`` dropped them) recomputed instead: "recompute what the link cannot
+  hide" (PipeOffload's selective recomputation, arXiv 2503.01328).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from optpipe.compiler.problem import Problem
+from optpipe.compiler.schedule import Schedule
+from optpipe.compiler.simulate import simulate
+
+from ..offload_slots import add_hidden_offloads, longest_lived_stages, offloadable
+from ..recompute import add_recomputes
+from ..registry import register, require
+from .capped import one_f_one_b_capped
+from .gis import gis_h
+
+__all__ = ["capped_recompute", "po_h_recompute"]
+
+
+def _require_recompute(problem: Problem, name: str) -> None:
+    require(problem.recompute.enabled,
+            f"{name} re-runs forwards before their backwards, but recompute is not enabled in this problem; "
+            f"add a [recompute] table")
+
+
+@register("1F1B-capped-RC", "memory-capped list schedule with every activation recomputed (issue 14)",
+          "keeps only each microbatch's resident bytes between F and B; fits when one activation does")
+def capped_recompute(problem: Problem) -> Schedule:
+    _require_recompute(problem, "1F1B-capped-RC")
+    pipe, memory, resident = problem.pipeline, problem.memory, problem.recompute.resident
+    extra = max(memory.activation[s] - resident[s] for s in range(pipe.stages))
+    budget = memory.budget - extra
+    require(budget > 0 and all(sum(resident[s] for s in pipe.stages_on(d)) <= budget for d in range(pipe.devices)),
+            "1F1B-capped-RC needs room for one whole activation next to the resident bytes of one microbatch")
+    lean = replace(problem, memory=replace(memory, activation=tuple(resident),
+                                           weight_activation=tuple(min(k, r) for k, r in
+                                                                   zip(memory.weight_activation, resident)),
+                                           budget=budget))
+    base = one_f_one_b_capped(lean)
+    pairs = [(s, i) for s in range(pipe.stages) for i in range(pipe.microbatches)]
+    return add_recomputes(problem, base, pairs).renamed("1F1B-capped-RC")
+
+
+@register("PO-H-RC", "PO-H with what the host link cannot hide recomputed (issue 14)",
+          "offloads the longest-lived half where the link hides it, recomputes the rest of that half")
+def po_h_recompute(problem: Problem) -> Schedule:
+    _require_recompute(problem, "PO-H-RC")
+    require(problem.offload.enabled, "PO-H-RC offloads what the host link hides; enable [offload]")
+    base = gis_h(problem)
+    timeline = simulate(problem, base)
+    half = frozenset(longest_lived_stages(timeline)[: -(-problem.stages // 2)])
+    wanted = [(s, i) for s in half for i in range(problem.microbatches)]
+    chosen = [pair for pair in offloadable(timeline) if pair[0] in half]
+    offloaded = add_hidden_offloads(problem, base, chosen)
+    rest = [pair for pair in wanted if pair not in offloaded.offloaded]
+    return add_recomputes(problem, offloaded, rest).renamed("PO-H-RC")

@@ -1,0 +1,143 @@
+"""Recomputation (issue 14): the [recompute] table, the RECOMPUTE op, and schedules that use it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from conftest import uniform_problem
+from optpipe.compiler.errors import NotApplicable, ProblemError, ScheduleError
+from optpipe.compiler.problem import Offload, Recompute, dumps_problem, loads_problem
+from optpipe.compiler.schedule import Op, OpKind, Schedule, parse_op
+from optpipe.compiler.simulate import simulate
+from optpipe.solvers.registry import generate
+
+F, B, W, BW, OFF, REL, RC = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD,
+                             OpKind.RECOMPUTE)
+
+_BASE = """
+name = "rc"
+[pipeline]
+devices = 2
+microbatches = 4
+[costs]
+forward = 2
+backward_input = 2
+backward_weight = 1
+[memory]
+activation = 100
+weight_activation = 40
+budget = 1000
+"""
+
+
+def test_full_and_selective_recompute_load_and_round_trip():
+    full = loads_problem(_BASE + '[recompute]\ntime = 0.5\nresident = 10\n')
+    assert full.recompute == Recompute(True, (1.0, 1.0), (10, 10))
+    assert loads_problem(dumps_problem(full)) == full
+    selective = loads_problem(_BASE + '[recompute]\nmode = "selective"\nselective_time = 0.25\nselective_memory = 0.6\n')
+    assert selective.recompute == Recompute(True, (0.5, 0.5), (40, 40))
+    assert loads_problem(_BASE).recompute == Recompute()
+    assert "[recompute]" not in dumps_problem(loads_problem(_BASE))  # plan hashes of old problems stay
+
+
+@pytest.mark.parametrize("table, message", [
+    ('resident = 200\n', "more than its activation"),
+    ('time = -1\n', "expected a fraction"),
+    ('time = 1\ntime_ms = 2\n', "give one"),
+    ('mode = "partial"\n', 'expected "full" or "selective"'),
+    ('mode = "selective"\nselective_time = 0.2\n', "needs both"),
+    ('selective_memory = 0.2\n', 'only for mode = "selective"'),
+    ('colour = 1\n', "unknown key"),
+])
+def test_bad_recompute_tables_say_what_is_wrong(table, message):
+    with pytest.raises(ProblemError, match=message):
+        loads_problem(_BASE + "[recompute]\n" + table)
+
+
+def _problem(resident=10, time_ms=2.0, **kw):
+    problem = uniform_problem(2, 2, act=100, keep=40, f=2, b=2, w=1, **kw)
+    return replace(problem, recompute=Recompute(True, (time_ms,) * 2, (resident,) * 2))
+
+
+def test_parse_and_print_a_recompute_op():
+    assert parse_op("RC3:1") == Op(RC, 3, 1) and str(Op(RC, 3, 1)) == "RC3:1"
+
+
+def test_recompute_holds_only_the_resident_bytes_between_f_and_the_recompute():
+    problem = _problem()
+    schedule = Schedule.of("hand", [
+        [Op(F, 0, 0), Op(F, 0, 1), Op(RC, 0, 0), Op(B, 0, 0), Op(W, 0, 0), Op(RC, 0, 1), Op(B, 0, 1), Op(W, 0, 1)],
+        [Op(F, 1, 0), Op(B, 1, 0), Op(W, 1, 0), Op(F, 1, 1), Op(B, 1, 1), Op(W, 1, 1)],
+    ])
+    timeline = simulate(problem, schedule)
+    by = timeline.by_op
+    # F0:0 0..2, F0:1 2..4; device 1: F1:0 2..4, B1:0 4..6; RC0:0 4..6, B0:0 waits for B1:0: 6..8.
+    assert by[Op(RC, 0, 0)].start == pytest.approx(4.0) and by[Op(B, 0, 0)].start == pytest.approx(6.0)
+    curve = dict(timeline.memory[0])
+    assert curve[0.0] == 100  # F0:0 holds the whole activation while it runs
+    assert curve[2.0] == 110  # F0:0 keeps 10; F0:1 holds 100
+    assert curve[4.0] == 110  # F0:1 keeps 10; RC0:0 takes the other 90 again
+    assert curve[8.0] == 10 + 40  # B0:0 frees all but weight_activation
+    assert timeline.peak_memory[0] == 110
+    assert timeline.busy[0] == pytest.approx(2 * (2 + 2 + 2 + 1))  # the recompute is compute
+
+
+def test_fused_backward_with_recompute():
+    problem = _problem(resident=0)
+    schedule = Schedule.of("hand", [
+        [Op(F, 0, 0), Op(F, 0, 1), Op(RC, 0, 0), Op(BW, 0, 0), Op(RC, 0, 1), Op(BW, 0, 1)],
+        [Op(F, 1, 0), Op(BW, 1, 0), Op(F, 1, 1), Op(BW, 1, 1)],
+    ])
+    timeline = simulate(problem, schedule)
+    assert timeline.peak_memory[0] == 100
+    assert timeline.memory[0][-1][1] == 0
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([[Op(RC, 0, 0), Op(F, 0, 0), Op(BW, 0, 0)], [Op(F, 1, 0), Op(BW, 1, 0)]], "comes after F"),
+    ([[Op(F, 0, 0), Op(BW, 0, 0), Op(RC, 0, 0)], [Op(F, 1, 0), Op(BW, 1, 0)]], "must come before the backward"),
+])
+def test_misplaced_recompute_is_refused(rows, message):
+    problem = replace(_problem(), pipeline=replace(_problem().pipeline, microbatches=1))
+    with pytest.raises(ScheduleError, match=message):
+        simulate(problem, Schedule.of("bad", rows))
+
+
+def test_recompute_needs_the_table_and_excludes_offload():
+    problem = uniform_problem(2, 1, offload=Offload(True, 1e5, 1e5, 10**9))
+    rows = [[Op(F, 0, 0), Op(RC, 0, 0), Op(BW, 0, 0)], [Op(F, 1, 0), Op(BW, 1, 0)]]
+    with pytest.raises(ScheduleError, match="recompute is not enabled"):
+        simulate(problem, Schedule.of("x", rows))
+    problem = replace(problem, recompute=Recompute(True, (1.0, 1.0), (0, 0)))
+    rows = [[Op(F, 0, 0), Op(OFF, 0, 0), Op(REL, 0, 0), Op(RC, 0, 0), Op(BW, 0, 0)], [Op(F, 1, 0), Op(BW, 1, 0)]]
+    with pytest.raises(ScheduleError, match="kept, offloaded or recomputed"):
+        simulate(problem, Schedule.of("x", rows))
+
+
+def test_capped_recompute_fits_where_capped_cannot_run_deep():
+    problem = replace(uniform_problem(4, 8, act=100, keep=50, budget=150, f=1, b=1, w=1),
+                      recompute=Recompute(True, (1.0,) * 4, (10,) * 4))
+    capped = simulate(problem, generate("1F1B-capped", problem))
+    recomputed = simulate(problem, generate("1F1B-capped-RC", problem))
+    assert capped.fits and recomputed.fits
+    assert recomputed.makespan < capped.makespan  # 5 microbatches in flight instead of 1
+    assert generate("1F1B-capped-RC", problem).recomputed
+
+
+def test_recompute_schedules_need_the_table():
+    problem = uniform_problem(4, 8)
+    with pytest.raises(NotApplicable, match="recompute is not enabled"):
+        generate("1F1B-capped-RC", problem)
+
+
+def test_po_h_recompute_recomputes_what_the_link_cannot_hide():
+    slow = Offload(True, 100 / 8e-3, 100 / 8e-3, 10**9)  # k = 8: a round trip takes 16 ms, F + B = 2
+    problem = replace(uniform_problem(4, 8, v=2, act=100, keep=50, budget=10**6, offload=slow),
+                      recompute=Recompute(True, (1.0,) * 8, (10,) * 8))
+    po_h = simulate(problem, generate("PO-H", problem))
+    mixed_schedule = generate("PO-H-RC", problem)
+    mixed = simulate(problem, mixed_schedule)
+    assert mixed_schedule.recomputed
+    assert mixed.peak <= po_h.peak and sum(mixed.peak_memory) < sum(po_h.peak_memory)
