@@ -141,3 +141,78 @@ def test_po_h_recompute_recomputes_what_the_link_cannot_hide():
     mixed = simulate(problem, mixed_schedule)
     assert mixed_schedule.recomputed
     assert mixed.peak <= po_h.peak and sum(mixed.peak_memory) < sum(po_h.peak_memory)
+
+
+# ------------------------------------------------------------------ plans
+
+
+def _capped_rc_problem():
+    return replace(uniform_problem(4, 8, act=100, keep=50, budget=150, f=1, b=1, w=1),
+                   recompute=Recompute(True, (1.0,) * 4, (10,) * 4))
+
+
+def test_a_recompute_plan_lowers_encodes_as_format_2_and_verifies():
+    from optpipe.compiler.bytecode import decode, encode
+    from optpipe.compiler.disasm import disassemble
+    from optpipe.compiler.lower import lower, raise_schedule
+    from optpipe.compiler.program import Opcode
+    from optpipe.compiler.verify import verify
+
+    problem = _capped_rc_problem()
+    schedule = generate("1F1B-capped-RC", problem)
+    program = lower(problem, schedule)
+    data = encode(program)
+    assert int.from_bytes(data[8:10], "little") == 2
+    assert decode(data) == program
+    assert raise_schedule(program) == schedule
+    verify(program)
+    assert "RECOMPUTE" in disassemble(program)
+    plain = lower(problem, generate("1F1B-capped", problem))
+    assert int.from_bytes(encode(plain)[8:10], "little") == 1  # older readers still read plans without it
+    assert not any(ins.opcode is Opcode.RECOMPUTE for stream in plain.ranks for ins in stream)
+
+
+def test_a_recompute_opcode_in_a_format_1_file_is_refused():
+    import struct
+    import zlib
+
+    from optpipe.compiler.bytecode import decode, encode
+    from optpipe.compiler.errors import PlanError
+    from optpipe.compiler.lower import lower
+
+    problem = _capped_rc_problem()
+    data = bytearray(encode(lower(problem, generate("1F1B-capped-RC", problem))))
+    data[8:10] = struct.pack("<H", 1)
+    data[-4:] = struct.pack("<I", zlib.crc32(bytes(data[:-4])))
+    with pytest.raises(PlanError, match="new in plan format 2"):
+        decode(bytes(data))
+
+
+def test_verifier_refuses_a_recompute_after_its_backward():
+    from optpipe.compiler.errors import PlanError
+    from optpipe.compiler.lower import lower
+    from optpipe.compiler.program import Opcode, Program
+    from optpipe.compiler.verify import verify
+
+    problem = _capped_rc_problem()
+    program = lower(problem, generate("1F1B-capped-RC", problem))
+    stream = list(program.ranks[0])
+    at = next(k for k, ins in enumerate(stream) if ins.opcode is Opcode.RECOMPUTE)
+    rc = stream.pop(at)
+    back = next(k for k, ins in enumerate(stream) if ins.opcode is Opcode.BACKWARD and
+                (ins.stage, ins.microbatch) == (rc.stage, rc.microbatch))
+    stream.insert(back + 1, rc)
+    with pytest.raises(PlanError, match="comes before the backward"):
+        verify(Program(program.header, (tuple(stream),) + program.ranks[1:]))
+
+
+def test_gantt_and_trace_show_recomputes():
+    import json
+
+    from optpipe.compiler.render.trace import chrome_trace
+    from optpipe.compiler.render.gantt import gantt_lines
+
+    problem = _capped_rc_problem()
+    timeline = simulate(problem, generate("1F1B-capped-RC", problem))
+    assert "recompute" in "".join(str(line) for line in gantt_lines(timeline))
+    assert "recompute" in json.dumps(chrome_trace(timeline))
