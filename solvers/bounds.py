@@ -9,6 +9,7 @@ Makespan: the larger of two arguments, each valid for every schedule the simulat
   relaxation exactly; its max(completion + tail) is a bound. This covers per-device work and
   pipeline fill and drain at once.
 - What the budget forces: memory held over time (bytes x ms) is at most budget x makespan.
+  A recomputed activation holds at least its whole size for F, the recompute and B.
   Each activation is held at least from F's start to B's end (its round trip through the
   later stages) plus its weight part until W ends, or, offloaded, for F plus the offload and
   the reload plus B. The smaller of the two per activation, summed, over the budget.
@@ -157,6 +158,8 @@ def memory_area_bound(problem: Problem, paths: Paths | None = None) -> Bound:
             resident = act * (f[s] + paths.gap[s] + b[s])
             if problem.offload.enabled:
                 resident = min(resident, act * (f[s] + problem.offload_ms(s) + problem.reload_ms(s) + b[s]))
+            if problem.recompute.enabled:  # recomputed: the whole activation for F, the recompute and B
+                resident = min(resident, act * (f[s] + problem.recompute_ms(s) + b[s]))
             area += pipe.microbatches * (resident + keep * w[s])
         value = area / memory.budget
         if value > best.value:
@@ -184,7 +187,7 @@ def memory_lower_bound(problem: Problem) -> Bound:
     pipe, act = problem.pipeline, problem.memory.activation
     largest = max(range(pipe.stages), key=lambda s: act[s])
     best = Bound(float(act[largest]), f"stage {largest} holds {format_size(act[largest])} while its forward runs")
-    if not problem.offload.enabled:
+    if not problem.offload.enabled and not problem.recompute.enabled:  # both let a device hold less at once
         for device in range(pipe.devices):
             total = sum(act[s] for s in pipe.stages_on(device))
             if total > best.value:

@@ -216,3 +216,34 @@ def test_gantt_and_trace_show_recomputes():
     timeline = simulate(problem, generate("1F1B-capped-RC", problem))
     assert "recompute" in "".join(str(line) for line in gantt_lines(timeline))
     assert "recompute" in json.dumps(chrome_trace(timeline))
+
+
+# ------------------------------------------------------------------ solvers
+
+
+def test_cpsat_chooses_recompute_where_keeping_cannot_fill_the_pipeline():
+    from optpipe.solvers.bounds import makespan_lower_bound
+    from optpipe.solvers.compare import compare
+    from optpipe.solvers.cpsat import solve_cpsat
+    from optpipe.solvers.warmstart import best_candidate, warm_starts
+
+    problem = replace(uniform_problem(4, 6, act=100, keep=50, budget=150, f=1, b=1, w=1),
+                      recompute=Recompute(True, (1.0,) * 4, (10,) * 4))
+    start = best_candidate(warm_starts(problem, compare(problem)))
+    result = solve_cpsat(problem, time_limit_s=20, hint=start.schedule, workers=2, seed=1)
+    assert result.timeline.fits and result.schedule.recomputed
+    # keeping alone needs 49 ms here (capped); recomputing all but the last stage's, 33
+    assert result.makespan_ms <= start.timeline.makespan < 49.0
+    assert result.makespan_ms == pytest.approx(simulate(problem, result.schedule).makespan)
+    assert makespan_lower_bound(problem).value <= result.lower_bound_ms <= result.makespan_ms + 1e-9
+
+
+def test_bounds_stay_below_what_recompute_achieves():
+    from optpipe.solvers.bounds import makespan_lower_bound, memory_lower_bound
+
+    problem = replace(uniform_problem(4, 8, v=2, act=100, keep=50, budget=120, f=1, b=1, w=1),
+                      recompute=Recompute(True, (1.0,) * 8, (10,) * 8))
+    timeline = simulate(problem, generate("1F1B-capped-RC", problem))
+    assert timeline.fits
+    assert makespan_lower_bound(problem).value <= timeline.makespan
+    assert memory_lower_bound(problem).value <= timeline.peak

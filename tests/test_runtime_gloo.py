@@ -26,7 +26,7 @@ import torch
 from optpipe.compiler.bytecode import write_plan
 from optpipe.compiler.errors import NotApplicable, PlanError
 from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, Recompute
 from optpipe.compiler.simulate import simulate
 from optpipe.runtime.interpreter import Interpreter
 from optpipe.runtime.launch import LocalRunFailed, run_local
@@ -44,8 +44,9 @@ HEURISTICS = ["1F1B", "1F1B-I", "ZB-H1", "ZB-H2", "ZBV", "V-Half", "GIS-H", "PO-
 CHUNKS = {"1F1B": 1, "ZB-H1": 1, "ZB-H2": 1}
 VSHAPE = {"ZBV", "V-Half"}
 OFFLOADING = {"PO-H", "PO-F", "solver", "PO-H-linked", "solver-linked"}
-# Issue 14: the same on shared host links (devices 0-1 and 2-3 share one link each).
-LINKED = ["PO-H-linked", "solver-linked"]
+# Issue 14: the same on shared host links (devices 0-1 and 2-3 share one link each), and plans
+# that recompute: every activation (the last stage's too), or a mix of offload and recompute.
+LINKED = ["PO-H-linked", "solver-linked", "1F1B-capped-RC", "PO-H+RC"]
 MICROBATCHES = {2: 4, 4: 8}  # per world size; the solver's problems use 4 to solve in well under a second
 
 _SIZES: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -101,6 +102,20 @@ def _plans(devices: int):
     result = solve_cpsat(problem, time_limit_s=10.0, workers=1, seed=0)
     assert result.schedule is not None, f"CP-SAT found no plan for the linked test problem: {result.status}"
     plans.append(("solver-linked", problem, result.schedule))
+    from dataclasses import replace
+
+    from optpipe.solvers.recompute import add_recomputes
+
+    # The runtime keeps a recomputed forward's input outside the store, so resident is 0 here.
+    problem = _problem(devices, 1, Placement.INTERLEAVED, budget_activations=1.5)
+    problem = replace(problem, recompute=Recompute(True, (1.0,) * devices, (0,) * devices))
+    plans.append(("1F1B-capped-RC", problem, generate("1F1B-capped-RC", problem)))
+    problem = _problem(devices, 2, Placement.INTERLEAVED)
+    problem = replace(problem, recompute=Recompute(True, (1.0,) * 2 * devices, (0,) * 2 * devices))
+    po_h = generate("PO-H", problem)
+    rest = [(s, i) for s in range(problem.stages - 1) for i in range(problem.microbatches)
+            if (s, i) not in po_h.offloaded]
+    plans.append(("PO-H+RC", problem, add_recomputes(problem, po_h, rest)))
     return plans, missing
 
 
@@ -166,6 +181,8 @@ def test_measured_peak_activation_equals_the_simulators(world, name):
     problem, schedule = world["plans"][name]
     if name in OFFLOADING:
         assert schedule.offloaded, f"{name}: the plan offloads nothing, so it would not test offload"
+    if name.endswith("RC"):
+        assert schedule.recomputed, f"{name}: the plan recomputes nothing, so it would not test recompute"
     predicted = simulate(problem, schedule).peak_memory
     measured = tuple(r.peak_activation_bytes[0] for r in world["reports"][name])
     assert measured == predicted

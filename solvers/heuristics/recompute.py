@@ -1,7 +1,7 @@
 """Recompute variants (issue 14): 1F1B-capped-RC and PO-H-RC.
 
-- 1F1B-capped-RC is the memory-capped list schedule (capped.py) with every activation
-  recomputed: between F and its recompute a microbatch holds only ``[recompute] resident``
+- 1F1B-capped-RC is the memory-capped list schedule (capped.py) with every activation but the
+  last stage's recomputed: between F and its recompute a microbatch holds only ``[recompute] resident``
   bytes, so the cap admits as many microbatches as the resident bytes allow, leaving room for
   one whole activation (the F or the recompute in progress: one compute op runs at a time, and
   the recompute sits right before its backward). It fits whenever one activation plus the
@@ -38,9 +38,18 @@ def _require_recompute(problem: Problem, name: str) -> None:
           "keeps only each microbatch's resident bytes between F and B; fits when one activation does")
 def capped_recompute(problem: Problem) -> Schedule:
     _require_recompute(problem, "1F1B-capped-RC")
-    pipe, memory, resident = problem.pipeline, problem.memory, problem.recompute.resident
-    extra = max(memory.activation[s] - resident[s] for s in range(pipe.stages))
+    pipe, memory = problem.pipeline, problem.memory
+    # The last stage's backward can follow its forward at once, so it is recomputed only when its
+    # whole activation does not fit next to the room kept for one recompute.
+    resident, last = problem.recompute.resident, pipe.stages - 1
+    extra = max(memory.activation[s] - resident[s] for s in range(max(last, 1)))
     budget = memory.budget - extra
+    spare_last = memory.activation[last] <= budget
+    if spare_last:
+        resident = resident[:last] + (memory.activation[last],)
+    else:
+        extra = max(extra, memory.activation[last] - resident[last])
+        budget = memory.budget - extra
     require(budget > 0 and all(sum(resident[s] for s in pipe.stages_on(d)) <= budget for d in range(pipe.devices)),
             "1F1B-capped-RC needs room for one whole activation next to the resident bytes of one microbatch")
     lean = replace(problem, memory=replace(memory, activation=tuple(resident),
@@ -48,7 +57,7 @@ def capped_recompute(problem: Problem) -> Schedule:
                                                                    zip(memory.weight_activation, resident)),
                                            budget=budget))
     base = one_f_one_b_capped(lean)
-    pairs = [(s, i) for s in range(pipe.stages) for i in range(pipe.microbatches)]
+    pairs = [(s, i) for s in range(last if spare_last else pipe.stages) for i in range(pipe.microbatches)]
     return add_recomputes(problem, base, pairs).renamed("1F1B-capped-RC")
 
 
