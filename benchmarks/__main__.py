@@ -11,7 +11,7 @@ from ._common import console
 
 # Cheapest first; each module has run() and saves its own JSON.
 ORDER = ("simulator_speed", "heuristics", "torch_interop", "solver_quality", "consistency", "runtime_overhead",
-         "shared_links")
+         "shared_links", "recompute")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from .errors import PlanError
 from .files import read_bytes
 from .program import SINCE_VERSION, Instruction, Opcode, PlanHeader, Program
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "INSTRUCTION_SIZE", "encode", "decode", "write_plan", "read_plan"]
+__all__ = ["MAGIC", "FORMAT_VERSION", "version_of", "INSTRUCTION_SIZE", "encode", "decode", "write_plan", "read_plan"]
 
 MAGIC = b"\x89OPB\r\n\x1a\n"  # PNG-style: a high byte, a name, and line endings that text-mode copies break
 FORMAT_VERSION = 2  # 2: RECOMPUTE (issue 14). A plan is written in the oldest version that holds its opcodes.
@@ -43,6 +43,11 @@ _OPCODES = {int(op) for op in Opcode}
 # --------------------------------------------------------------------------- encoding
 
 
+def version_of(program: Program) -> int:
+    """The oldest format version that holds every opcode of the program (what ``encode`` writes)."""
+    return max([1] + [SINCE_VERSION.get(ins.opcode, 1) for stream in program.ranks for ins in stream])
+
+
 def encode(program: Program) -> bytes:
     """The plan file's bytes; raises PlanError when a value does not fit the format."""
     header = program.header
@@ -57,7 +62,7 @@ def encode(program: Program) -> bytes:
     if len(program.ranks) != header.world_size:
         raise PlanError(f"cannot encode the plan: the header says {header.world_size} ranks "
                         f"but the program has {len(program.ranks)} instruction streams")
-    version = max([1] + [SINCE_VERSION.get(ins.opcode, 1) for stream in program.ranks for ins in stream])
+    version = version_of(program)
     parts = [
         _FIXED.pack(MAGIC, version, 0, 0, header.world_size, header.stages, header.chunks,
                     header.microbatches, header.problem_hash, len(name)),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .bytecode import FORMAT_VERSION
+from .bytecode import version_of
 from .errors import PlanError
 from .problem import Problem
 from .program import NO_PEER, SENDS, Instruction, Opcode, PlanHeader, Program
@@ -103,7 +103,7 @@ def _summary(program: Program, problem: Problem | None) -> list[str]:
         same = problem_hash(problem) == h.problem_hash
         digest += f"  (matches {problem.name!r})" if same else "  (DIFFERS from the given problem)"
     return [
-        f"optpipe plan, format {FORMAT_VERSION}",
+        f"optpipe plan, format {version_of(program)}",
         f"  schedule       {h.schedule_name}",
         f"  shape          {_count(h.world_size, 'rank')}, {_count(h.stages, 'stage')} ({h.chunks} per rank), "
         f"{_count(h.microbatches, 'microbatch', 'microbatches')}",
