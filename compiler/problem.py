@@ -335,13 +335,15 @@ def _fraction(value: Any, key: str, upper: float | None = None) -> float:
     return float(value)
 
 
-def _recompute(data: dict, costs: Costs, memory: Memory) -> Recompute:
+def _recompute(data: dict, costs: Costs, memory: Memory, derived=None) -> Recompute:
     """``[recompute]``: the cost of re-running a stage's forward before its backward.
 
     ``time`` is a fraction of F (default 1: the whole forward again) and ``time_ms`` gives
     milliseconds instead; ``resident`` is what stays on the device between F and the recompute
     (the stage input; a size, or a list per stage). ``mode = "selective"`` recomputes only the
-    cheap part: ``selective_time`` of F, freeing ``selective_memory`` of the activation.
+    cheap part: ``selective_time`` of F, freeing ``selective_memory`` of the activation (and keeping
+    the rest). For ``[model]`` problems the cost model supplies what is not given: the stage input
+    (2·s·b·h) and the attention core's share of F and of the activation (costmodel.py).
     """
     table = _table(data, "recompute", required=False)
     check_keys(table, _RECOMPUTE_KEYS, "recompute")
@@ -355,7 +357,7 @@ def _recompute(data: dict, costs: Costs, memory: Memory) -> Recompute:
     if mode not in ("full", "selective"):
         raise ProblemError(f'recompute.mode: expected "full" or "selective", got {mode!r}')
     resident = (_per_stage(table["resident"], "recompute.resident", stages, parse_size)
-                if "resident" in table else (0,) * stages)
+                if "resident" in table else (derived.stage_input if derived is not None else (0,) * stages))
     for stage, (kept, act) in enumerate(zip(resident, memory.activation)):
         if kept > act:
             raise ProblemError(f"recompute.resident: stage {stage} keeps {format_size(kept)} between F and the "
@@ -365,13 +367,15 @@ def _recompute(data: dict, costs: Costs, memory: Memory) -> Recompute:
             if key in table:
                 raise ProblemError(f'recompute.{key}: selective mode takes selective_time (a fraction of F) '
                                    f'instead; drop {key} or set mode = "full"')
-        if "selective_time" not in table or "selective_memory" not in table:
+        if derived is None and ("selective_time" not in table or "selective_memory" not in table):
             raise ProblemError('recompute.selective_time and recompute.selective_memory: selective mode needs both '
                                '(the fraction of F it re-runs and the fraction of the activation it frees)')
-        share = _fraction(table["selective_time"], "recompute.selective_time", 1.0)
-        freed = _fraction(table["selective_memory"], "recompute.selective_memory", 1.0)
-        time_ms = tuple(share * f for f in costs.forward)
-        resident = tuple(max(kept, act - int(freed * act)) for kept, act in zip(resident, memory.activation))
+        shares = ((_fraction(table["selective_time"], "recompute.selective_time", 1.0),) * stages
+                  if "selective_time" in table else derived.selective_time)
+        freed = ((_fraction(table["selective_memory"], "recompute.selective_memory", 1.0),) * stages
+                 if "selective_memory" in table else derived.selective_memory)
+        time_ms = tuple(share * f for share, f in zip(shares, costs.forward))
+        resident = tuple(act - int(share * act) for share, act in zip(freed, memory.activation))
     else:
         for key in ("selective_time", "selective_memory"):
             if key in table:
@@ -409,10 +413,14 @@ def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
             offload_table.setdefault("d2h_bandwidth", link)
             offload_table.setdefault("h2d_bandwidth", link)
         offload = _offload({"offload": offload_table} if offload_table else {}, pipeline.devices)
+        from .costmodel import recompute_figures
+
+        recompute = _recompute(data, costs, memory, recompute_figures(_table(data, "model", True), pipeline))
     else:
         costs = _costs(_table(data, "costs", required=True), pipeline.stages)
         memory = _memory(_table(data, "memory", required=True), pipeline.stages)
         offload = _offload(data, pipeline.devices)
+        recompute = _recompute(data, costs, memory)
     largest = max(memory.activation)
     if memory.budget < largest:
         raise ProblemError(
@@ -420,7 +428,7 @@ def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
             f"({format_size(largest)}), so not even one microbatch can run; raise the budget to at least "
             f"{format_size(largest)}"
         )
-    return Problem(name, pipeline, costs, memory, offload, _recompute(data, costs, memory))
+    return Problem(name, pipeline, costs, memory, offload, recompute)
 
 
 def loads_problem(text: str, default_name: str = "problem") -> Problem:

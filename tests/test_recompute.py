@@ -247,3 +247,19 @@ def test_bounds_stay_below_what_recompute_achieves():
     assert timeline.fits
     assert makespan_lower_bound(problem).value <= timeline.makespan
     assert memory_lower_bound(problem).value <= timeline.peak
+
+
+def test_model_problems_derive_the_stage_input_and_selective_shares():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "compiler" / "data" / "default.toml").read_text()
+    text = text.replace("flash_attention = true", "flash_attention = false")  # scores saved: selective frees them
+    text = text.replace('budget = "12GiB"', 'budget = "40GiB"')
+    plain = loads_problem(text)
+    full = loads_problem(text + "\n[recompute]\nenabled = true\n")
+    selective = loads_problem(text + '\n[recompute]\nmode = "selective"\n')
+    for s in range(plain.stages):
+        act, f = plain.memory.activation[s], plain.costs.forward[s]
+        assert 0 < full.recompute.resident[s] < act and full.recompute.time_ms[s] == pytest.approx(f)
+        assert 0 < selective.recompute.time_ms[s] < f / 2  # the attention core is the cheap part
+        assert full.recompute.resident[s] < selective.recompute.resident[s] < act
