@@ -20,9 +20,9 @@ from optpipe.solvers.compile import compile_problem
 
 from ._common import PROBLEMS, console, save
 
-TIME_LIMIT_S = 10.0
-KS = (0.5, 1.0, 1.5, 2.0, 3.0)
-BUDGETS = (1.5, 2.0)  # in activations
+TIME_LIMIT_S = 20.0
+KS = (0.5, 1.0, 2.0, 3.0)
+BUDGETS = (2.0, 2.5)  # in activations
 
 
 def _problem(k: float, activations: float):

@@ -263,3 +263,19 @@ def test_model_problems_derive_the_stage_input_and_selective_shares():
         assert 0 < full.recompute.resident[s] < act and full.recompute.time_ms[s] == pytest.approx(f)
         assert 0 < selective.recompute.time_ms[s] < f / 2  # the attention core is the cheap part
         assert full.recompute.resident[s] < selective.recompute.resident[s] < act
+
+
+def test_capped_recompute_offload_trades_recomputes_the_link_hides():
+    from optpipe.compiler.problem import load_problem
+
+    from conftest import PROBLEM_DIR
+
+    base = load_problem(PROBLEM_DIR / "balanced-p4-m8-tight.toml")  # k = 0.5
+    act = base.memory.activation
+    problem = replace(base, recompute=Recompute(True, base.costs.forward, tuple(a // 20 for a in act))
+                      ).with_budget(int(2.5 * act[0]))
+    recomputed = simulate(problem, generate("1F1B-capped-RC", problem))
+    mixed_schedule = generate("1F1B-capped-RC/OFF", problem)
+    mixed = simulate(problem, mixed_schedule)
+    assert mixed.fits and mixed_schedule.offloaded and mixed_schedule.recomputed
+    assert mixed.makespan < recomputed.makespan

@@ -6,6 +6,10 @@
   one whole activation (the F or the recompute in progress: one compute op runs at a time, and
   the recompute sits right before its backward). It fits whenever one activation plus the
   resident bytes fit, and trades a forward's time per microbatch for pipeline depth.
+- 1F1B-capped-RC/OFF is 1F1B-capped-RC with recomputes traded for offloads where that is
+  faster and still fits: longest window first, each pair whose window holds a round trip moves
+  to the host instead when the simulator says the schedule gets faster within the budget (the
+  device saves a forward's time; the link carries what it can hide).
 - PO-H-RC is PO-H with the pairs it wanted to offload but the host link could not hide
   (``add_hidden_offloads`` dropped them) recomputed instead: "recompute what the link cannot
   hide" (PipeOffload's selective recomputation, arXiv 2503.01328).
@@ -19,13 +23,17 @@ from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Schedule
 from optpipe.compiler.simulate import simulate
 
-from ..offload_slots import add_hidden_offloads, longest_lived_stages, offloadable
+from optpipe.compiler.schedule import Op, OpKind
+from optpipe.compiler.semantics import TOLERANCE_MS
+
+from ..offload_slots import activation_windows, add_hidden_offloads, add_offloads, longest_lived_stages, offloadable, \
+    round_trip_ms
 from ..recompute import add_recomputes
 from ..registry import register, require
 from .capped import one_f_one_b_capped
 from .gis import gis_h
 
-__all__ = ["capped_recompute", "po_h_recompute"]
+__all__ = ["capped_recompute", "po_h_recompute", "capped_recompute_offload"]
 
 
 def _require_recompute(problem: Problem, name: str) -> None:
@@ -74,3 +82,23 @@ def po_h_recompute(problem: Problem) -> Schedule:
     offloaded = add_hidden_offloads(problem, base, chosen)
     rest = [pair for pair in wanted if pair not in offloaded.offloaded]
     return add_recomputes(problem, offloaded, rest).renamed("PO-H-RC")
+
+
+@register("1F1B-capped-RC/OFF", "1F1B-capped-RC with recomputes traded for offloads the link hides (issue 14)",
+          "recomputes what the link cannot carry, offloads the rest; fits whenever 1F1B-capped-RC does")
+def capped_recompute_offload(problem: Problem) -> Schedule:
+    _require_recompute(problem, "1F1B-capped-RC/OFF")
+    require(problem.offload.enabled, "1F1B-capped-RC/OFF trades recomputes for offloads; enable [offload]")
+    schedule = capped_recompute(problem)
+    best = simulate(problem, schedule)
+    windows = activation_windows(best)
+    candidates = sorted((pair for pair in schedule.recomputed if windows[pair] + TOLERANCE_MS >= round_trip_ms(problem, pair[0])),
+                        key=lambda pair: (-windows[pair], pair))
+    for pair in candidates:
+        rc = Op(OpKind.RECOMPUTE, *pair)
+        without = Schedule(schedule.name, tuple(tuple(op for op in ops if op != rc) for ops in schedule.devices))
+        trial = add_offloads(problem, without, [pair])
+        timeline = simulate(problem, trial)
+        if timeline.fits and timeline.makespan < best.makespan - TOLERANCE_MS:
+            schedule, best = trial, timeline
+    return schedule.renamed("1F1B-capped-RC/OFF")
