@@ -326,7 +326,12 @@ class Interpreter:
 
     def _shed(self, key) -> None:
         """A recomputed forward keeps nothing it saved: the store counts it released at once (the
-        simulator frees it at F's end) and the graph goes; the output stays for the sends."""
+        simulator frees it at F's end) and the graph goes; the output stays for the sends.
+
+        The forward's input is kept for the recompute outside the store (it is the previous
+        stage's output or the microbatch, which the store does not count either), so measured
+        resident bytes equal the simulator's for ``[recompute] resident = 0``; a problem that
+        says the stage input stays resident plans for it on top."""
         self.store.drop(*key)
         fwd = self._fwd[key]
         self._fwd[key] = type(fwd)(fwd.output.detach(), [])
