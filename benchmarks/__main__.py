@@ -11,7 +11,7 @@ from ._common import console
 
 # Cheapest first; each module has run() and saves its own JSON.
 ORDER = ("simulator_speed", "heuristics", "torch_interop", "solver_quality", "budget_sweep", "consistency",
-         "runtime_overhead")
+         "runtime_overhead", "shared_links", "recompute")
 
 
 def main(argv: list[str] | None = None) -> int:

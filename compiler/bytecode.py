@@ -21,12 +21,12 @@ from pathlib import Path
 
 from .errors import PlanError
 from .files import read_bytes
-from .program import Instruction, Opcode, PlanHeader, Program
+from .program import SINCE_VERSION, Instruction, Opcode, PlanHeader, Program
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "INSTRUCTION_SIZE", "encode", "decode", "write_plan", "read_plan"]
+__all__ = ["MAGIC", "FORMAT_VERSION", "version_of", "INSTRUCTION_SIZE", "encode", "decode", "write_plan", "read_plan"]
 
 MAGIC = b"\x89OPB\r\n\x1a\n"  # PNG-style: a high byte, a name, and line endings that text-mode copies break
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: RECOMPUTE (issue 14). A plan is written in the oldest version that holds its opcodes.
 NONE = 0xFFFF  # an absent operand (-1)
 LIMIT = NONE - 1  # largest world size, stage count, microbatch count or operand value
 HASH_SIZE = 32
@@ -43,6 +43,11 @@ _OPCODES = {int(op) for op in Opcode}
 # --------------------------------------------------------------------------- encoding
 
 
+def version_of(program: Program) -> int:
+    """The oldest format version that holds every opcode of the program (what ``encode`` writes)."""
+    return max([1] + [SINCE_VERSION.get(ins.opcode, 1) for stream in program.ranks for ins in stream])
+
+
 def encode(program: Program) -> bytes:
     """The plan file's bytes; raises PlanError when a value does not fit the format."""
     header = program.header
@@ -57,8 +62,9 @@ def encode(program: Program) -> bytes:
     if len(program.ranks) != header.world_size:
         raise PlanError(f"cannot encode the plan: the header says {header.world_size} ranks "
                         f"but the program has {len(program.ranks)} instruction streams")
+    version = version_of(program)
     parts = [
-        _FIXED.pack(MAGIC, FORMAT_VERSION, 0, 0, header.world_size, header.stages, header.chunks,
+        _FIXED.pack(MAGIC, version, 0, 0, header.world_size, header.stages, header.chunks,
                     header.microbatches, header.problem_hash, len(name)),
         name,
     ]
@@ -151,10 +157,10 @@ def decode(data: bytes) -> Program:
     if stored != computed:
         raise _bad(total - _CRC.size, f"checksum mismatch: stored CRC32 {stored:#010x}, computed {computed:#010x}; "
                                       f"the plan is damaged, recompile it")
-    return _fields(_Reader(data, total - _CRC.size))
+    return _fields(_Reader(data, total - _CRC.size), version)
 
 
-def _fields(reader: _Reader) -> Program:
+def _fields(reader: _Reader, version: int = FORMAT_VERSION) -> Program:
     (_, _, _, _, world, stages, chunks, microbatches, digest, name_size) = reader.unpack(_FIXED, "the header")
     _range(16, "world size", world, 1, LIMIT)
     _range(18, "stage count", stages, 1, LIMIT)
@@ -181,7 +187,7 @@ def _fields(reader: _Reader) -> Program:
         if count > room:
             raise _bad(at + 2, f"rank {rank}'s section says {count} instructions, but only {room} fit "
                                f"in the bytes before the checksum")
-        ranks.append(tuple(_instruction(reader, rank, position, stages, microbatches, world)
+        ranks.append(tuple(_instruction(reader, rank, position, stages, microbatches, world, version)
                            for position in range(count)))
     if reader.offset != reader.end:
         raise _bad(reader.offset, f"{reader.end - reader.offset} unexpected bytes between the last rank section "
@@ -191,13 +197,18 @@ def _fields(reader: _Reader) -> Program:
 
 
 
-def _instruction(reader: _Reader, rank: int, position: int, stages: int, microbatches: int, world: int) -> Instruction:
+def _instruction(reader: _Reader, rank: int, position: int, stages: int, microbatches: int, world: int,
+                 version: int = FORMAT_VERSION) -> Instruction:
     at = reader.offset
     opcode, stage, microbatch, peer = reader.unpack(_INSTRUCTION, f"rank {rank} instruction {position}")
     where = f"rank {rank} instruction {position}"
     if opcode not in _OPCODES:
         known = ", ".join(f"{int(op)} ({op.name})" for op in Opcode)
         raise _bad(at, f"{where}: opcode {opcode} is not an opcode; expected one of {known}")
+    since = SINCE_VERSION.get(Opcode(opcode), 1)
+    if since > version:
+        raise _bad(at, f"{where}: opcode {opcode} ({Opcode(opcode).name}) is new in plan format {since}, but this "
+                       f"file says format {version}; the plan is damaged or was rewritten by hand, recompile it")
     return Instruction(
         Opcode(opcode),
         _operand_in(at + 1, where, "stage", stage, stages),

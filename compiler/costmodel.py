@@ -214,3 +214,28 @@ def _check_derived(costs: Costs, memory: Memory) -> None:
     if largest > MAX_SIZE:
         raise ProblemError(f"[model]: one stage's activation would be {format_size(largest)}, more than 1EiB; "
                            f"check model.seq_len, micro_batch_size and hidden")
+
+
+@dataclass(frozen=True)
+class RecomputeFigures:
+    """What recomputation costs and frees per stage (issue 14), from the per-layer terms."""
+
+    stage_input: tuple[int, ...]  # bytes kept between F and a full recompute: 2·s·b·h
+    selective_time: tuple[float, ...]  # share of F that selective recompute re-runs: the attention core
+    selective_memory: tuple[float, ...]  # share of the activation it frees: the 5·a·s² per layer
+
+
+def recompute_figures(model_table: dict, pipeline: Pipeline) -> RecomputeFigures:
+    """Megatron-style selective recomputation re-runs the attention core (4·b·s²·h FLOPs a layer)
+    and frees its scores and softmax (5·a·s²·b bytes a layer; nothing with flash attention,
+    which recomputes them already)."""
+    model = _model(model_table)
+    figures = stage_figures(model, pipeline.stages)
+    s, b, h, a = model.seq_len, model.micro_batch_size, model.hidden, model.heads
+    inputs, times, frees = [], [], []
+    for layers, f in zip(layers_per_stage(model.layers, pipeline.stages), figures):
+        inputs.append(min(2 * s * b * h, f.activation))
+        times.append(layers * 4 * b * s * s * h / f.forward_flops)
+        freed = 0 if model.flash_attention else layers * 5 * a * s * s * b
+        frees.append(freed / f.activation)
+    return RecomputeFigures(tuple(inputs), tuple(times), tuple(frees))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .bytecode import FORMAT_VERSION
+from .bytecode import version_of
 from .errors import PlanError, printable
 from .problem import Problem
 from .program import NO_PEER, SENDS, Instruction, Opcode, PlanHeader, Program
@@ -55,7 +55,8 @@ def _comment(ins: Instruction, header: PlanHeader, problem: Problem | None, send
     if op is O.WAIT_SENDS:
         return f"{sends} send{'s' if sends != 1 else ''}"
     if sizes is None or not 0 <= s < len(sizes.activation):
-        return {O.OFFLOAD: "device to host", O.RELOAD: "host to device"}.get(op, "")
+        return {O.OFFLOAD: "device to host", O.RELOAD: "host to device",
+                O.RECOMPUTE: "forward again, same RNG state"}.get(op, "")
     act, keep = sizes.activation[s], sizes.weight_activation[s]
     return {
         O.FORWARD: f"holds {format_size(act)}",
@@ -65,6 +66,8 @@ def _comment(ins: Instruction, header: PlanHeader, problem: Problem | None, send
         O.OFFLOAD: f"moves {format_size(act)} to host",
         O.WAIT_OFFLOAD: f"frees {format_size(act)} on device",
         O.RELOAD: f"moves {format_size(act)} to device, holds it",
+        O.RECOMPUTE: (f"forward again, holds {format_size(act - problem.recompute.resident[s])} more"
+                      if problem.recompute.enabled else "forward again"),
     }.get(op, "")
 
 
@@ -100,7 +103,7 @@ def _summary(program: Program, problem: Problem | None) -> list[str]:
         same = problem_hash(problem) == h.problem_hash
         digest += f"  (matches {printable(repr(problem.name))})" if same else "  (DIFFERS from the given problem)"
     return [
-        f"optpipe plan, format {FORMAT_VERSION}",
+        f"optpipe plan, format {version_of(program)}",
         f"  schedule       {printable(h.schedule_name)}",  # a name from a file: no raw control characters
         f"  shape          {_count(h.world_size, 'rank')}, {_count(h.stages, 'stage')} ({h.chunks} per rank), "
         f"{_count(h.microbatches, 'microbatch', 'microbatches')}",

@@ -7,6 +7,7 @@ offload waits::
 
     [POST_RECV_* for receives needed one compute op later]  [WAIT_OFFLOAD ...]
     LOAD_MICROBATCH | WAIT_RECV_ACTIVATION   FORWARD   LOSS   SEND_ACTIVATION | LOCAL_ACTIVATION
+    RECOMPUTE                               (re-runs the forward of a recomputed activation)
     WAIT_RECV_GRADIENT   WAIT_RELOAD   BACKWARD_INPUT | BACKWARD   SEND_GRADIENT | LOCAL_GRADIENT
     BACKWARD_WEIGHT
     OFFLOAD | RELOAD                        (at the op's place in the device list)
@@ -117,6 +118,8 @@ def _block(op: Op, device: int, rank_of: tuple[int, ...], last: int, offloaded: 
         out.append(Instruction(Opcode.BACKWARD_WEIGHT, s, i))
     elif op.kind is _OFF:
         out.append(Instruction(Opcode.OFFLOAD, s, i))
+    elif op.kind is OpKind.RECOMPUTE:
+        out.append(Instruction(Opcode.RECOMPUTE, s, i))
     else:
         out.append(Instruction(Opcode.RELOAD, s, i))
     return out
@@ -183,6 +186,7 @@ _RAISED = {
     Opcode.BACKWARD: _BW,
     Opcode.OFFLOAD: _OFF,
     Opcode.RELOAD: _REL,
+    Opcode.RECOMPUTE: OpKind.RECOMPUTE,
 }
 
 

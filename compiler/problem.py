@@ -25,6 +25,7 @@ __all__ = [
     "Costs",
     "Memory",
     "Offload",
+    "Recompute",
     "Problem",
     "load_problem",
     "loads_problem",
@@ -115,6 +116,31 @@ class Offload:
     d2h_bandwidth: float = 0.0  # bytes per second
     h2d_bandwidth: float = 0.0
     host_budget: int = 0  # bytes per device
+    # Devices that share one host link (one PCIe switch): each group has one D2H and one H2D
+    # channel, so its devices' transfers run one at a time, each at the link's bandwidth.
+    # Devices in no group keep a link of their own.
+    link_groups: tuple[tuple[int, ...], ...] = ()
+
+    def link_of(self, device: int) -> int:
+        """The link a device's transfers use: its group's first device, or the device itself."""
+        for group in self.link_groups:
+            if device in group:
+                return group[0]
+        return device
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Re-running F(s, i) before its backward instead of keeping what it saved (issue 14).
+
+    Per stage: ``time_ms`` is the RECOMPUTE op's duration; ``resident`` is what stays on the
+    device from F's end to the recompute's start (the stage input, or in selective mode the
+    activations that are kept).
+    """
+
+    enabled: bool = False
+    time_ms: tuple[float, ...] = ()
+    resident: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +150,7 @@ class Problem:
     costs: Costs
     memory: Memory
     offload: Offload = field(default_factory=Offload)
+    recompute: Recompute = field(default_factory=Recompute)
 
     @property
     def devices(self) -> int:
@@ -144,6 +171,13 @@ class Problem:
     def reload_ms(self, stage: int) -> float:
         return self.memory.activation[stage] / self.offload.h2d_bandwidth * 1e3
 
+    def recompute_ms(self, stage: int) -> float:
+        """Time to re-run F(stage) before its backward (a whole forward when the problem gives none)."""
+        return self.recompute.time_ms[stage] if self.recompute.enabled else self.costs.forward[stage]
+
+    def without_recompute(self) -> "Problem":
+        return replace(self, recompute=Recompute())
+
     def with_budget(self, budget: int) -> "Problem":
         return replace(self, memory=replace(self.memory, budget=int(budget)))
 
@@ -153,11 +187,12 @@ class Problem:
 
 # --------------------------------------------------------------------------- loading
 
-_TOP_KEYS = {"name", "pipeline", "costs", "memory", "offload", "model", "hardware"}
+_TOP_KEYS = {"name", "pipeline", "costs", "memory", "offload", "model", "hardware", "recompute"}
 _PIPELINE_KEYS = {"devices", "chunks_per_device", "placement", "microbatches"}
 _COST_KEYS = {"forward", "backward_input", "backward_weight", "p2p"}
 _MEMORY_KEYS = {"activation", "weight_activation", "budget"}
-_OFFLOAD_KEYS = {"enabled", "d2h_bandwidth", "h2d_bandwidth", "host_budget"}
+_RECOMPUTE_KEYS = {"enabled", "mode", "time", "time_ms", "resident", "selective_time", "selective_memory"}
+_OFFLOAD_KEYS = {"enabled", "d2h_bandwidth", "h2d_bandwidth", "host_budget", "link_groups"}
 
 
 def check_keys(table: dict, allowed: set[str], where: str) -> None:
@@ -285,13 +320,38 @@ def _memory(table: dict, stages: int, derived: Memory | None = None) -> Memory:
     return Memory(activation, weight_activation, budget)
 
 
-def _offload(data: dict) -> Offload:
+def _link_groups(value: Any, devices: int) -> tuple[tuple[int, ...], ...]:
+    """``[[0, 1], [2, 3]]``: devices that share one host link; each device in at most one group."""
+    key = "offload.link_groups"
+    if not isinstance(value, list) or not all(isinstance(group, list) for group in value):
+        raise ProblemError(f"{key}: expected a list of lists of device numbers like [[0, 1], [2, 3]], got {value!r}")
+    seen: dict[int, int] = {}
+    groups = []
+    for number, group in enumerate(value):
+        if len(group) < 2:
+            raise ProblemError(f"{key}[{number}]: a group shares one link between at least two devices, "
+                               f"got {group!r}; leave a device with a link of its own out of every group")
+        for device in group:
+            if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < devices:
+                raise ProblemError(f"{key}[{number}]: {device!r} is not a device; devices run 0..{devices - 1}")
+            if device in seen:
+                raise ProblemError(f"{key}[{number}]: device {device} is already in group {seen[device]}; "
+                                   f"a device is in at most one link group")
+            seen[device] = number
+        groups.append(tuple(sorted(group)))
+    return tuple(groups)
+
+
+def _offload(data: dict, devices: int | None = None) -> Offload:
     table = _table(data, "offload", required=False)
     check_keys(table, _OFFLOAD_KEYS, "offload")
     enabled = table.get("enabled", bool(table))
     if not isinstance(enabled, bool):
         raise ProblemError(f"offload.enabled: expected true or false, got {_shown(enabled)}")
     if not enabled:
+        if table.get("link_groups"):
+            raise ProblemError("offload.link_groups: shared host links only matter for transfers, but offload "
+                               "is not enabled; set offload.enabled = true with bandwidths, or drop link_groups")
         return Offload()
     for key in ("d2h_bandwidth", "h2d_bandwidth"):
         if key not in table:
@@ -304,7 +364,72 @@ def _offload(data: dict) -> Offload:
         d2h_bandwidth=parse_bandwidth(table["d2h_bandwidth"], "offload.d2h_bandwidth"),
         h2d_bandwidth=parse_bandwidth(table["h2d_bandwidth"], "offload.h2d_bandwidth"),
         host_budget=parse_size(table.get("host_budget", "1TiB"), "offload.host_budget"),
+        link_groups=_link_groups(table["link_groups"], devices if devices is not None else 1 << 30)
+        if "link_groups" in table else (),
     )
+
+
+def _fraction(value: Any, key: str, upper: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ProblemError(f"{key}: expected a fraction (a number, zero or more), got {value!r}")
+    if upper is not None and value > upper:
+        raise ProblemError(f"{key}: must be at most {upper:g}, got {value!r}")
+    return float(value)
+
+
+def _recompute(data: dict, costs: Costs, memory: Memory, derived=None) -> Recompute:
+    """``[recompute]``: the cost of re-running a stage's forward before its backward.
+
+    ``time`` is a fraction of F (default 1: the whole forward again) and ``time_ms`` gives
+    milliseconds instead; ``resident`` is what stays on the device between F and the recompute
+    (the stage input; a size, or a list per stage). ``mode = "selective"`` recomputes only the
+    cheap part: ``selective_time`` of F, freeing ``selective_memory`` of the activation (and keeping
+    the rest). For ``[model]`` problems the cost model supplies what is not given: the stage input
+    (2·s·b·h) and the attention core's share of F and of the activation (costmodel.py).
+    """
+    table = _table(data, "recompute", required=False)
+    check_keys(table, _RECOMPUTE_KEYS, "recompute")
+    enabled = table.get("enabled", bool(table))
+    if not isinstance(enabled, bool):
+        raise ProblemError(f"recompute.enabled: expected true or false, got {enabled!r}")
+    if not enabled:
+        return Recompute()
+    stages = len(costs.forward)
+    mode = table.get("mode", "full")
+    if mode not in ("full", "selective"):
+        raise ProblemError(f'recompute.mode: expected "full" or "selective", got {mode!r}')
+    resident = (_per_stage(table["resident"], "recompute.resident", stages, parse_size)
+                if "resident" in table else (derived.stage_input if derived is not None else (0,) * stages))
+    for stage, (kept, act) in enumerate(zip(resident, memory.activation)):
+        if kept > act:
+            raise ProblemError(f"recompute.resident: stage {stage} keeps {format_size(kept)} between F and the "
+                               f"recompute, more than its activation {format_size(act)}")
+    if mode == "selective":
+        for key in ("time", "time_ms"):
+            if key in table:
+                raise ProblemError(f'recompute.{key}: selective mode takes selective_time (a fraction of F) '
+                                   f'instead; drop {key} or set mode = "full"')
+        if derived is None and ("selective_time" not in table or "selective_memory" not in table):
+            raise ProblemError('recompute.selective_time and recompute.selective_memory: selective mode needs both '
+                               '(the fraction of F it re-runs and the fraction of the activation it frees)')
+        shares = ((_fraction(table["selective_time"], "recompute.selective_time", 1.0),) * stages
+                  if "selective_time" in table else derived.selective_time)
+        freed = ((_fraction(table["selective_memory"], "recompute.selective_memory", 1.0),) * stages
+                 if "selective_memory" in table else derived.selective_memory)
+        time_ms = tuple(share * f for share, f in zip(shares, costs.forward))
+        resident = tuple(act - int(share * act) for share, act in zip(freed, memory.activation))
+    else:
+        for key in ("selective_time", "selective_memory"):
+            if key in table:
+                raise ProblemError(f'recompute.{key}: only for mode = "selective"')
+        if "time" in table and "time_ms" in table:
+            raise ProblemError("recompute.time and recompute.time_ms: give one (a fraction of F, or milliseconds)")
+        if "time_ms" in table:
+            time_ms = _per_stage(table["time_ms"], "recompute.time_ms", stages, _milliseconds)
+        else:
+            share = _fraction(table.get("time", 1.0), "recompute.time")
+            time_ms = tuple(share * f for f in costs.forward)
+    return Recompute(True, tuple(time_ms), tuple(resident))
 
 
 def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
@@ -334,11 +459,15 @@ def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
         if offload_table.get("enabled", bool(offload_table)):
             offload_table.setdefault("d2h_bandwidth", link)
             offload_table.setdefault("h2d_bandwidth", link)
-        offload = _offload({"offload": offload_table} if offload_table else {})
+        offload = _offload({"offload": offload_table} if offload_table else {}, pipeline.devices)
+        from .costmodel import recompute_figures
+
+        recompute = _recompute(data, costs, memory, recompute_figures(_table(data, "model", True), pipeline))
     else:
         costs = _costs(_table(data, "costs", required=True), pipeline.stages)
         memory = _memory(_table(data, "memory", required=True), pipeline.stages)
-        offload = _offload(data)
+        offload = _offload(data, pipeline.devices)
+        recompute = _recompute(data, costs, memory)
     largest = max(memory.activation)
     if memory.budget < largest:
         raise BudgetTooSmall(
@@ -346,7 +475,7 @@ def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
             f"({format_size(largest)}), so not even one microbatch can run; raise the budget to at least "
             f"{format_size(largest)}"
         )
-    return Problem(name, pipeline, costs, memory, offload)
+    return Problem(name, pipeline, costs, memory, offload, recompute)
 
 
 def loads_problem(text: str, default_name: str = "problem") -> Problem:
@@ -416,6 +545,18 @@ def dumps_problem(problem: Problem) -> str:
             f"d2h_bandwidth = {_number(offload.d2h_bandwidth)}  # {format_bandwidth(offload.d2h_bandwidth)}",
             f"h2d_bandwidth = {_number(offload.h2d_bandwidth)}  # {format_bandwidth(offload.h2d_bandwidth)}",
             f"host_budget = {offload.host_budget}  # {format_size(offload.host_budget)}",
+        ]
+        if offload.link_groups:
+            groups = ", ".join("[" + ", ".join(str(d) for d in group) + "]" for group in offload.link_groups)
+            lines.append(f"link_groups = [{groups}]  # devices that share one host link")
+    recompute = problem.recompute
+    if recompute.enabled:
+        lines += [
+            "",
+            "[recompute]  # milliseconds, bytes",
+            "enabled = true",
+            f"time_ms = {_scalar_or_list(recompute.time_ms)}",
+            f"resident = {_scalar_or_list(recompute.resident)}",
         ]
     return "\n".join(lines) + "\n"
 

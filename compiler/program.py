@@ -28,6 +28,7 @@ __all__ = [
     "TRANSFERS",
     "HAS_PEER",
     "NO_PEER",
+    "SINCE_VERSION",
 ]
 
 NO_PEER = -1
@@ -42,6 +43,7 @@ class Opcode(IntEnum):
     BACKWARD_INPUT = 11  # gradient w.r.t. the stage's input only
     BACKWARD_WEIGHT = 12  # gradient w.r.t. the stage's parameters, from what BACKWARD_INPUT kept
     BACKWARD = 13  # fused: input and weight gradients at once
+    RECOMPUTE = 14  # re-run the forward of (stage, i) under its RNG state; what it saved is back (plan format 2)
     # -- communication between ranks (peer is the other rank)
     SEND_ACTIVATION = 20  # output of F(stage, i) to the rank of stage + 1; does not block
     POST_RECV_ACTIVATION = 21  # post the receive of stage's input for microbatch i from peer
@@ -64,7 +66,10 @@ class Opcode(IntEnum):
         return self.name
 
 
-COMPUTE = frozenset({Opcode.FORWARD, Opcode.BACKWARD_INPUT, Opcode.BACKWARD_WEIGHT, Opcode.BACKWARD})
+COMPUTE = frozenset({Opcode.FORWARD, Opcode.BACKWARD_INPUT, Opcode.BACKWARD_WEIGHT, Opcode.BACKWARD,
+                     Opcode.RECOMPUTE})
+# The plan format version that introduced an opcode (opcodes not listed are in version 1).
+SINCE_VERSION = {Opcode.RECOMPUTE: 2}
 SENDS = frozenset({Opcode.SEND_ACTIVATION, Opcode.SEND_GRADIENT})
 RECEIVE_POSTS = frozenset({Opcode.POST_RECV_ACTIVATION, Opcode.POST_RECV_GRADIENT})
 RECEIVE_WAITS = frozenset({Opcode.WAIT_RECV_ACTIVATION, Opcode.WAIT_RECV_GRADIENT})

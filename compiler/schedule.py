@@ -5,7 +5,8 @@ in list order. OFFLOAD ops run in list order on the device's D2H channel and REL
 H2D channel; a transfer cannot start before the compute op listed just before it has ended
 (that is where the runtime issues it). Offload decisions are the OFFLOAD ops present.
 
-Text form of an op: ``F3:0`` (kind, stage, ``:``, microbatch); kinds F, B, W, BW, OFF, REL.
+Text form of an op: ``F3:0`` (kind, stage, ``:``, microbatch); kinds F, B, W, BW, OFF, REL, RC.
+A RECOMPUTE (RC) op re-runs F(s, i) on the compute channel before its backward (issue 14).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class OpKind(IntEnum):
     BW = 3  # fused backward: B and W in one op
     OFFLOAD = 4  # activation of F(s, i) to host memory (D2H channel)
     RELOAD = 5  # back to device memory before B(s, i) (H2D channel)
+    RECOMPUTE = 6  # re-run F(s, i) before B(s, i): what F saved was dropped at F's end (compute channel)
 
     @property
     def mnemonic(self) -> str:
@@ -54,13 +56,14 @@ _MNEMONIC = {
     OpKind.BW: "BW",
     OpKind.OFFLOAD: "OFF",
     OpKind.RELOAD: "REL",
+    OpKind.RECOMPUTE: "RC",
 }
 _BY_MNEMONIC = {text: kind for kind, text in _MNEMONIC.items()}
-COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.W, OpKind.BW})
+COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.RECOMPUTE})
 TRANSFER_KINDS = frozenset({OpKind.OFFLOAD, OpKind.RELOAD})
 # Stage and microbatch have at most 9 digits: more can never name a stage or microbatch of a
 # problem (plan files stop at 65,534) and would only cost time converting 5,000-digit numbers.
-_OP_TEXT = re.compile(r"^(F|B|W|BW|OFF|REL)(\d{1,9}):(\d{1,9})$")
+_OP_TEXT = re.compile(r"^(F|B|W|BW|OFF|REL|RC)(\d{1,9}):(\d{1,9})$")
 MAX_OPS = 10_000_000  # in one schedule file: far beyond any problem that simulate takes (2^19 pairs)
 
 
@@ -116,6 +119,11 @@ class Schedule:
     def offloaded(self) -> frozenset[tuple[int, int]]:
         """(stage, microbatch) pairs whose activation goes to the host."""
         return frozenset((op.stage, op.microbatch) for _, op in self.ops() if op.kind is OpKind.OFFLOAD)
+
+    @property
+    def recomputed(self) -> frozenset[tuple[int, int]]:
+        """(stage, microbatch) pairs whose forward runs again before their backward."""
+        return frozenset((op.stage, op.microbatch) for _, op in self.ops() if op.kind is OpKind.RECOMPUTE)
 
     @property
     def splits_backward(self) -> bool:

@@ -12,6 +12,10 @@ The rules (DESIGN.md, "Semantics"):
   then W in one op. Crossing devices adds ``p2p``.
 - OFF(s, i) waits for F(s, i) and runs on the device's D2H channel; REL(s, i) waits for
   OFF(s, i) and runs on H2D. Transfers take bytes over the channel's bandwidth.
+- RECOMPUTE(s, i) (issue 14) waits for F(s, i), runs ``recompute_ms`` on the compute channel,
+  and B(s, i) waits for it. Recomputed, F holds the whole activation while it runs and only
+  ``[recompute] resident`` after its end; the recompute takes the rest again from its start.
+  A (stage, microbatch) is kept, offloaded or recomputed: one of the three.
 - Memory is a set of holds per (stage, microbatch), each from one op's start to another op's
   end: F's start takes ``activation[s]``; B's end frees all but ``weight_activation[s]``, W's
   end the rest (BW's end all of it). Offloaded, the device copy lives from F's start to OFF's
@@ -20,6 +24,15 @@ The rules (DESIGN.md, "Semantics"):
 
 What the schedule adds (device order, one op per channel at a time, the issue point of a
 transfer) is not a property of the op; the simulator derives it from the lists.
+
+Shared host links (``[offload] link_groups``): the devices of a group have one D2H and one H2D
+channel between them (``link``), and each transfer still runs at the link's full bandwidth, one
+at a time. A device's own transfers keep their list order. Across the group's devices the
+channel is a FIFO: it carries next the transfer that became ready first (``ready``: its waits,
+its issue point and its device's previous transfer on the channel all met), ties to the lower
+device, then the earlier list position. A transfer ready while the channel is busy starts when
+it frees. That order is a function of the lists alone, so every simulation of a schedule is the
+same; a solver may order a shared channel any other way, and the simulator is the judge.
 """
 
 from __future__ import annotations
@@ -49,9 +62,12 @@ __all__ = [
     "holds",
     "effects",
     "spec",
+    "link",
+    "ready_key",
 ]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
+_RC = OpKind.RECOMPUTE
 
 # Two times closer than this are one instant. Times are sums of at most a few thousand
 # durations, so float noise stays far below it; every comparison of times uses it.
@@ -82,7 +98,7 @@ class At(Enum):
 
 
 CHANNEL = {_F: Channel.COMPUTE, _B: Channel.COMPUTE, _W: Channel.COMPUTE, _BW: Channel.COMPUTE,
-           _OFF: Channel.D2H, _REL: Channel.H2D}
+           _OFF: Channel.D2H, _REL: Channel.H2D, _RC: Channel.COMPUTE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +160,8 @@ def duration_ms(problem: Problem, op: Op) -> float:
         return costs.backward_input[s] + costs.backward_weight[s]
     if kind is _OFF:
         return problem.offload_ms(s)
+    if kind is _RC:
+        return problem.recompute_ms(s)
     return problem.reload_ms(s)
 
 
@@ -164,7 +182,8 @@ def _lag(problem: Problem, a: int, b: int) -> float:
     return problem.costs.p2p if pipe.device_of(a) != pipe.device_of(b) else 0.0
 
 
-def waits(problem: Problem, op: Op, *, fused_above: bool = False, offloaded: bool = False) -> tuple[Wait, ...]:
+def waits(problem: Problem, op: Op, *, fused_above: bool = False, offloaded: bool = False,
+          recomputed: bool = False) -> tuple[Wait, ...]:
     """The data an op waits for, with lags.
 
     ``fused_above``: the backward of (s+1, i) is one BW op rather than B and W. ``offloaded``:
@@ -180,7 +199,11 @@ def waits(problem: Problem, op: Op, *, fused_above: bool = False, offloaded: boo
             data = Wait(Op(_F, s, i), 0.0)
         else:
             data = Wait(Op(_BW if fused_above else _B, s + 1, i), _lag(problem, s + 1, s))
+        if recomputed:
+            return (data, Wait(Op(_RC, s, i), 0.0))
         return (data, Wait(Op(_REL, s, i), 0.0)) if offloaded else (data,)
+    if kind is _RC:
+        return (Wait(Op(_F, s, i), 0.0),)
     if kind is _W:
         return (Wait(Op(_B, s, i), 0.0),)
     if kind is _OFF:
@@ -189,12 +212,14 @@ def waits(problem: Problem, op: Op, *, fused_above: bool = False, offloaded: boo
 
 
 def holds(problem: Problem, stage: int, microbatch: int, *, fused: bool = False,
-          offloaded: bool = False) -> tuple[Hold, ...]:
+          offloaded: bool = False, recomputed: bool = False) -> tuple[Hold, ...]:
     """The memory one (stage, microbatch) holds, as holds with nonzero bytes."""
     act, keep = problem.memory.activation[stage], problem.memory.weight_activation[stage]
     s, i = stage, microbatch
     f, b, w, bw, off, rel = (Op(k, s, i) for k in (_F, _B, _W, _BW, _OFF, _REL))
     on = Place.DEVICE
+    if recomputed:
+        return _recomputed_holds(problem, s, i, fused)
     if offloaded:
         taken = Point(rel, At.START)
         out = [Hold(on, act, Point(f, At.START), Point(off, At.END)),
@@ -209,10 +234,33 @@ def holds(problem: Problem, stage: int, microbatch: int, *, fused: bool = False,
     return tuple(h for h in out if h.bytes > 0)
 
 
-def effects(problem: Problem, op: Op, *, fused: bool = False, offloaded: bool = False) -> tuple[Effect, ...]:
+def _recomputed_holds(problem: Problem, s: int, i: int, fused: bool) -> tuple[Hold, ...]:
+    """Recomputed: F holds the whole activation while it runs and keeps ``resident`` (its input)
+    from its end; RECOMPUTE(s, i) holds the rest again from its start. B's end frees all but
+    ``weight_activation``, W's end the rest, as without recompute. The part W keeps is taken
+    from the resident bytes first."""
+    act, keep = problem.memory.activation[s], problem.memory.weight_activation[s]
+    resident = problem.recompute.resident[s]
+    f, b, w, bw, rc = (Op(k, s, i) for k in (_F, _B, _W, _BW, _RC))
+    on = Place.DEVICE
+    out = [Hold(on, act - resident, Point(f, At.START), Point(f, At.END))]
+    if fused:
+        out += [Hold(on, resident, Point(f, At.START), Point(bw, At.END)),
+                Hold(on, act - resident, Point(rc, At.START), Point(bw, At.END))]
+    else:
+        early_keep = min(resident, keep)
+        out += [Hold(on, early_keep, Point(f, At.START), Point(w, At.END)),
+                Hold(on, resident - early_keep, Point(f, At.START), Point(b, At.END)),
+                Hold(on, keep - early_keep, Point(rc, At.START), Point(w, At.END)),
+                Hold(on, act - resident - (keep - early_keep), Point(rc, At.START), Point(b, At.END))]
+    return tuple(h for h in out if h.bytes > 0)
+
+
+def effects(problem: Problem, op: Op, *, fused: bool = False, offloaded: bool = False,
+            recomputed: bool = False) -> tuple[Effect, ...]:
     """What ``op`` itself does to memory, derived from ``holds`` (never written a second time)."""
     out = []
-    for hold in holds(problem, op.stage, op.microbatch, fused=fused, offloaded=offloaded):
+    for hold in holds(problem, op.stage, op.microbatch, fused=fused, offloaded=offloaded, recomputed=recomputed):
         if hold.begins.op == op:
             out.append(Effect(hold.place, At.START, hold.bytes))
         if hold.ends.op == op:
@@ -220,9 +268,21 @@ def effects(problem: Problem, op: Op, *, fused: bool = False, offloaded: bool = 
     return tuple(out)
 
 
+def link(problem: Problem, device: int) -> int:
+    """The host link a device's transfers use, named by its group's first device (the device
+    itself when it shares its link with no one): ops on (link, channel) run one at a time."""
+    return problem.offload.link_of(device)
+
+
+def ready_key(ready_ms: float, device: int, position: int) -> tuple[float, int, int]:
+    """The order in which a shared channel carries transfers: ready first, then lower device, then
+    earlier in the device's list."""
+    return (instant(ready_ms), device, position)
+
+
 def spec(problem: Problem, op: Op, *, fused_above: bool = False, fused: bool = False,
-         offloaded: bool = False) -> OpSpec:
+         offloaded: bool = False, recomputed: bool = False) -> OpSpec:
     """The op's whole definition in one record (for reading and printing; hot loops call the parts)."""
     return OpSpec(op, duration_ms(problem, op), CHANNEL[op.kind],
-                  waits(problem, op, fused_above=fused_above, offloaded=offloaded),
-                  effects(problem, op, fused=fused, offloaded=offloaded))
+                  waits(problem, op, fused_above=fused_above, offloaded=offloaded, recomputed=recomputed),
+                  effects(problem, op, fused=fused, offloaded=offloaded, recomputed=recomputed))

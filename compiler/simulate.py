@@ -7,6 +7,7 @@ on its host. Invalid schedules raise ``ScheduleError`` naming the op and the rul
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
@@ -15,12 +16,13 @@ from typing import Callable
 from .errors import ScheduleError
 from .problem import Problem
 from .schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from .semantics import CHANNEL, At, Channel, Place, duration_ms, effects, instant, waits
+from .semantics import CHANNEL, At, Channel, Place, duration_ms, effects, instant, link, ready_key, waits
 from .units import format_size
 
 __all__ = ["OpTiming", "Timeline", "simulate", "start_times", "describe_fit", "op_duration"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
+_RC = OpKind.RECOMPUTE
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +134,10 @@ def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]
         first = next(op for op in where if op.kind in (_OFF, _REL))
         raise ScheduleError(f"{first} moves an activation, but offload is not enabled in the problem "
                             f"([offload] enabled = true with bandwidths)")
+    if not problem.recompute.enabled and any(op.kind is _RC for op in where):
+        first = next(op for op in where if op.kind is _RC)
+        raise ScheduleError(f"{first} recomputes an activation, but recompute is not enabled in the problem "
+                            f"(add a [recompute] table)")
     for s in range(stages):
         for i in range(microbatches):
             if Op(_F, s, i) not in where:
@@ -147,6 +153,18 @@ def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]
                     if Op(kind, s, i) not in where:
                         raise ScheduleError(f"missing op {Op(kind, s, i)}: a split backward needs both B and W")
             off, rel = Op(_OFF, s, i), Op(_REL, s, i)
+            rc = Op(_RC, s, i)
+            if rc in where:
+                backward = Op(_B, s, i) if split else Op(_BW, s, i)
+                if off in where:
+                    raise ScheduleError(f"{rc} and {off}: an activation is kept, offloaded or recomputed, "
+                                        f"not both offloaded and recomputed")
+                if where[rc][1] < where[Op(_F, s, i)][1]:
+                    raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {rc} is listed before "
+                                        f"its F{s}:{i}; a recompute re-runs the forward, so it comes after F")
+                if where[rc][1] > where[backward][1]:
+                    raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {backward} is listed before "
+                                        f"its {rc}; the recompute must come before the backward that uses it")
             if (rel in where) and (off not in where):
                 raise ScheduleError(f"{rel} without OFF{s}:{i}: only an offloaded activation can be reloaded")
             if (off in where) and (rel not in where):
@@ -203,28 +221,31 @@ class _Rules:
         self.problem = problem
         self.fused = {(op.stage, op.microbatch) for op in present if op.kind is _BW}
         self.offloaded = {(op.stage, op.microbatch) for op in present if op.kind is _OFF}
+        self.recomputed = {(op.stage, op.microbatch) for op in present if op.kind is _RC}
         self._waits: dict = {}
         self._effects: dict = {}
 
     def waits(self, op: Op) -> tuple[tuple[OpKind, int, float], ...]:
         s, i = op.stage, op.microbatch
-        key = (op.kind, s, (s + 1, i) in self.fused, (s, i) in self.offloaded)
+        key = (op.kind, s, (s + 1, i) in self.fused, (s, i) in self.offloaded, (s, i) in self.recomputed)
         rule = self._waits.get(key)
         if rule is None:
             rule = self._waits[key] = tuple(
                 (w.op.kind, w.op.stage, w.lag_ms)
-                for w in waits(self.problem, Op(op.kind, s, 0), fused_above=key[2], offloaded=key[3]))
+                for w in waits(self.problem, Op(op.kind, s, 0), fused_above=key[2], offloaded=key[3],
+                               recomputed=key[4]))
         return rule
 
     def effects(self, op: Op) -> tuple[tuple[Place, bool, int], ...]:
         """(place, at the end?, bytes taken (+) or released (-))."""
         pair = (op.stage, op.microbatch)
-        key = (op.kind, op.stage, pair in self.fused, pair in self.offloaded)
+        key = (op.kind, op.stage, pair in self.fused, pair in self.offloaded, pair in self.recomputed)
         rule = self._effects.get(key)
         if rule is None:
             rule = self._effects[key] = tuple(
                 (e.place, e.at is At.END, e.delta)
-                for e in effects(self.problem, Op(op.kind, op.stage, 0), fused=key[2], offloaded=key[3]))
+                for e in effects(self.problem, Op(op.kind, op.stage, 0), fused=key[2], offloaded=key[3],
+                                 recomputed=key[4]))
         return rule
 
 
@@ -234,7 +255,7 @@ def start_times(problem: Problem, schedule: Schedule, measure: Callable[[float],
     ops, node_device, preds = _graph(problem, schedule)
     duration = [measure(duration_ms(problem, op)) for op in ops]
     scaled = [[(p, measure(lag)) for p, lag in mine] for mine in preds]
-    start, _ = _longest_paths(ops, node_device, scaled, duration)
+    start, _ = _paths(problem, ops, node_device, scaled, duration)
     return dict(zip(ops, start))
 
 
@@ -242,11 +263,78 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     ops, node_device, preds = _graph(problem, schedule)
     count = len(ops)
     duration = [duration_ms(problem, op) for op in ops]
-    start, end = _longest_paths(ops, node_device, preds, duration)
+    start, end = _paths(problem, ops, node_device, preds, duration)
     timings = tuple(OpTiming(ops[k], node_device[k], start[k], end[k]) for k in range(count))
     first = min(start) if count else 0.0
     makespan = (max(end) - first) if count else 0.0
     return _replay_memory(problem, schedule, timings, makespan, first)
+
+
+def _paths(problem: Problem, ops, node_device, preds, duration) -> tuple[list[float], list[float]]:
+    if problem.offload.enabled and problem.offload.link_groups:
+        return _shared_paths(problem, ops, node_device, preds, duration)
+    return _longest_paths(ops, node_device, preds, duration)
+
+
+def _shared_paths(problem: Problem, ops, node_device, preds, duration) -> tuple[list[float], list[float]]:
+    """Start times when devices share host links (semantics.py, "Shared host links").
+
+    Ops are finished in time order (as Dijkstra does: no op makes another start earlier than
+    itself), so when a transfer on a shared channel comes up, every transfer that was ready
+    before it has already taken the channel: the FIFO by ready time (semantics.ready_key).
+    """
+    count = len(ops)
+    succs: list[list[tuple[int, float]]] = [[] for _ in range(count)]
+    indegree = [0] * count
+    for k, mine in enumerate(preds):
+        indegree[k] = len(mine)
+        for p, lag in mine:
+            succs[p].append((k, lag))
+    grouped = {d for group in problem.offload.link_groups for d in group}
+    position = [0] * count
+    channel_of: list = [None] * count
+    seen: dict[int, int] = {}
+    for k, op in enumerate(ops):
+        d = node_device[k]
+        position[k] = seen.get(d, 0)
+        seen[d] = position[k] + 1
+        channel = CHANNEL[op.kind]
+        if channel is not Channel.COMPUTE and d in grouped:
+            channel_of[k] = (link(problem, d), channel)
+    ready = [0.0] * count
+    start = [0.0] * count
+    end = [0.0] * count
+    free: dict = {}
+    heap = [(instant(0.0), ready_key(0.0, node_device[k], position[k]), 0.0, k) for k in range(count) if indegree[k] == 0]
+    heapq.heapify(heap)
+    done = 0
+    while heap:
+        _, key, at, k = heapq.heappop(heap)
+        channel = channel_of[k]
+        if channel is not None:
+            busy_until = free.get(channel)
+            if busy_until is not None and instant(busy_until) > instant(at):
+                heapq.heappush(heap, (instant(busy_until), key, busy_until, k))  # wait for the channel
+                continue
+            if busy_until is not None:
+                at = max(at, busy_until)
+        start[k] = at
+        finish = at + duration[k]
+        end[k] = finish
+        if channel is not None:
+            free[channel] = finish
+        done += 1
+        for nxt, lag in succs[k]:
+            t = finish + lag
+            if t > ready[nxt]:
+                ready[nxt] = t
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                r = ready[nxt]
+                heapq.heappush(heap, (instant(r), ready_key(r, node_device[nxt], position[nxt]), r, nxt))
+    if done < count:
+        raise ScheduleError(_describe_cycle(ops, node_device, preds, indegree))
+    return start, end
 
 
 def _longest_paths(ops, node_device, preds, duration) -> tuple[list[float], list[float]]:

@@ -257,6 +257,8 @@ _GRADIENT = "a backward runs after its output gradient is in place"
 _POSTED = "a receive is waited on after it is posted"
 _NOT_AFTER_BACKWARD = "an activation is offloaded before its backward, not after"
 _ONE_BACKWARD = "one microbatch's backward is either fused or split, not both"
+_RECOMPUTE_BEFORE_BACKWARD = "a recompute brings back what its backward uses, so it comes before the backward"
+_KEEP_OFFLOAD_OR_RECOMPUTE = "an activation is kept, offloaded or recomputed: not both offloaded and recomputed"
 _BACKWARDS = (O.BACKWARD_INPUT, O.BACKWARD)
 
 # For each opcode: which opcodes of the same stage and microbatch must have run before it on
@@ -277,11 +279,15 @@ _NEEDS: dict[Opcode, tuple[tuple[tuple[Opcode, ...], str], ...]] = {
     O.RELOAD: (((O.OFFLOAD,), "every reload comes after its offload"),
                ((O.WAIT_OFFLOAD,), "a reload reads the host copy, complete only after WAIT_OFFLOAD")),
     O.WAIT_RELOAD: (((O.RELOAD,), "every wait has its event: WAIT_RELOAD after its RELOAD"),),
+    O.RECOMPUTE: (((O.FORWARD,), "a recompute re-runs its forward, so it follows the forward"),),
 }
 
 # For each opcode: which opcodes of the same stage and microbatch must NOT have run before it.
 _FORBIDS: dict[Opcode, tuple[tuple[Opcode, str], ...]] = {
-    O.OFFLOAD: ((O.BACKWARD_INPUT, _NOT_AFTER_BACKWARD), (O.BACKWARD, _NOT_AFTER_BACKWARD)),
+    O.OFFLOAD: ((O.BACKWARD_INPUT, _NOT_AFTER_BACKWARD), (O.BACKWARD, _NOT_AFTER_BACKWARD),
+                (O.RECOMPUTE, _KEEP_OFFLOAD_OR_RECOMPUTE)),
+    O.RECOMPUTE: ((O.BACKWARD_INPUT, _RECOMPUTE_BEFORE_BACKWARD), (O.BACKWARD, _RECOMPUTE_BEFORE_BACKWARD),
+                  (O.OFFLOAD, _KEEP_OFFLOAD_OR_RECOMPUTE)),
     O.BACKWARD_INPUT: ((O.BACKWARD, _ONE_BACKWARD),),
     O.BACKWARD: ((O.BACKWARD_INPUT, _ONE_BACKWARD),),
 }
@@ -298,6 +304,8 @@ def _needs(c: _Rank, ins: Instruction, done: dict) -> list[Need]:
             needs.append((((O.LOCAL_ACTIVATION, s - 1, i),), _INPUT))
         else:
             needs.append((((O.WAIT_RECV_ACTIVATION, s, i),), _INPUT))
+    elif op is O.RECOMPUTE and s == c.last:
+        needs.append((((O.LOSS, s, i),), "the last stage's recompute follows the loss of its first forward"))
     elif op in _BACKWARDS:
         if s == c.last:
             needs.append((((O.LOSS, s, i),), "the last stage's backward runs after the loss"))

@@ -116,6 +116,8 @@ class Interpreter:
         # stage -> (bytes its forward saved, bytes still held after B); a fused backward keeps
         # everything to its end, so there both are the forward's bytes.
         self.activation_bytes: dict[int, tuple[int, int]] = {}
+        # (stage, microbatch) pairs whose forward runs again before the backward (RECOMPUTE)
+        self._recomputed = frozenset((ins.stage, ins.microbatch) for ins in self.code if ins.opcode is O.RECOMPUTE)
 
     # ----------------------------------------------------------------- assembly
 
@@ -137,6 +139,7 @@ class Interpreter:
             O.WAIT_OFFLOAD: self._wait_offload,
             O.RELOAD: self._reload,
             O.WAIT_RELOAD: self._wait_reload,
+            O.RECOMPUTE: self._recompute,
         }
         ops: list[tuple[Callable, object, int]] = []
         run: list[Instruction] = []
@@ -229,6 +232,7 @@ class Interpreter:
         self._dy: dict = {}  # (stage, mb) -> gradient of the stage output
         self._dx: dict = {}  # (stage, mb) -> gradient of the stage input, to hand on
         self._work: dict = {}  # (stage, mb) -> what B kept for W
+        self._again: dict = {}  # (stage, mb) -> (forward input, RNG state) of a recomputed forward
         self._recv: dict = {}  # (kind, stage, mb) -> (work, message)
         self._sends: list = []  # (work, message) until WAIT_SENDS
         self._loss_sum = None
@@ -298,14 +302,57 @@ class Interpreter:
         self._root[key] = loss
         value = loss.detach()
         self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
+        if key in self._recomputed:  # the recompute computes the loss again, with its graph
+            del self._root[key]
+            self._shed(key)
 
     # ----------------------------------------------------------------- compute
 
     def _forward(self, ins: Instruction) -> None:
         key = (ins.stage, ins.microbatch)
         x = self._x.pop(key)
+        if key in self._recomputed:
+            self._again[key] = (x, self._rng_state())
         with self.store.capture(*key), self._forward_context():
             self._fwd[key] = self.runners[ins.stage].forward(x)
+        if key in self._recomputed and ins.stage != self.last_stage:
+            self._shed(key)
+
+    # ----------------------------------------------------------------- recompute
+
+    def _rng_state(self):
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return torch.get_rng_state(), cuda
+
+    def _shed(self, key) -> None:
+        """A recomputed forward keeps nothing it saved: the store counts it released at once (the
+        simulator frees it at F's end) and the graph goes; the output stays for the sends.
+
+        The forward's input is kept for the recompute outside the store (it is the previous
+        stage's output or the microbatch, which the store does not count either), so measured
+        resident bytes equal the simulator's for ``[recompute] resident = 0``; a problem that
+        says the stage input stays resident plans for it on top."""
+        self.store.drop(*key)
+        fwd = self._fwd[key]
+        self._fwd[key] = type(fwd)(fwd.output.detach(), [])
+
+    def _recompute(self, ins: Instruction) -> None:
+        """Run the forward again from the kept input under the first run's RNG state (dropout
+        draws the same mask), so the backward sees exactly what the first forward computed."""
+        key = (ins.stage, ins.microbatch)
+        x, (cpu, cuda) = self._again.pop(key)
+        devices = [self.device] if cuda is not None else []
+        with torch.random.fork_rng(devices=devices, device_type=self.device.type if cuda is not None else "cuda"):
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda, self.device)
+            with self.store.capture(*key), self._forward_context():
+                fwd = self.runners[ins.stage].forward(x)
+        self._fwd[key] = fwd
+        if ins.stage == self.last_stage:
+            targets = self._batch.targets[ins.microbatch].to(self.device, non_blocking=True, copy=True)
+            with self.store.capture(*key):
+                self._root[key] = self.loss_fn(fwd.output, targets)
 
     def _backward_args(self, key) -> tuple[list, list]:
         root = self._root.pop(key, None)

@@ -16,6 +16,7 @@ Makespan: the larger of two arguments, each valid for every schedule the simulat
   makespan only so many can go to the host. The least area for a given makespan (offloading
   the best savings per ms of link first, fractions allowed) against the room the budget gives
   meets at the bound (``_area_bound``).
+  A recomputed activation holds at least its whole size for F, the recompute and B.
 
 A split backward (B then W) relaxes a fused BW, so bounds computed with B and W apart hold for
 schedules that fuse them.
@@ -184,6 +185,8 @@ def _area_bound(problem: Problem, paths: Paths, device: int) -> Bound:
     for s in stages:
         act, keep = memory.activation[s], memory.weight_activation[s]
         held = act * (f[s] + paths.gap[s] + b[s])
+        if problem.recompute.enabled:  # recomputed: the whole activation for F, the recompute and B
+            held = min(held, act * (f[s] + problem.recompute_ms(s) + b[s]))
         resident += m * (held + keep * w[s])
         if offload.enabled:
             out, back = problem.offload_ms(s), problem.reload_ms(s)
@@ -252,7 +255,7 @@ def memory_lower_bound(problem: Problem) -> Bound:
     pipe, act = problem.pipeline, problem.memory.activation
     largest = max(range(pipe.stages), key=lambda s: act[s])
     best = Bound(float(act[largest]), f"stage {largest} holds {format_size(act[largest])} while its forward runs")
-    if not problem.offload.enabled:
+    if not problem.offload.enabled and not problem.recompute.enabled:  # both let a device hold less at once
         for device in range(pipe.devices):
             total = sum(act[s] for s in pipe.stages_on(device))
             if total > best.value:

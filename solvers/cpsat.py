@@ -57,7 +57,7 @@ from ortools.sat.python import cp_model
 from optpipe.compiler.errors import InternalError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule, parse_op
-from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, duration_ms, holds, waits
+from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, duration_ms, holds, link, waits
 from optpipe.compiler.simulate import Timeline, simulate, start_times
 
 from .bounds import data_paths, makespan_lower_bound
@@ -68,6 +68,7 @@ from .timegrid import Grid, choose_grid
 __all__ = ["Scope", "Model", "solve_cpsat", "solve_model", "check_solution", "model_values", "full_scope"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
+_RC = OpKind.RECOMPUTE
 _COMPUTE = (_F, _B, _W)
 _OVERFLOW = 2**62  # keep capacity x horizon of the cumulatives below this (int64 with headroom)
 
@@ -115,11 +116,14 @@ class Model:
         pipe = problem.pipeline
         self.S, self.m, self.P = pipe.stages, pipe.microbatches, pipe.devices
         self.device_of = [pipe.device_of(s) for s in range(self.S)]
+        self.link = [link(problem, d) for d in range(self.P)]  # shared host links: one channel per group
         self.dur = self._durations()
         self.cp = cp_model.CpModel()
         self.start: dict[Op, cp_model.IntVar] = {}
         self.interval: dict[Op, cp_model.IntervalVar] = {}
         self.offloaded: dict[tuple[int, int], cp_model.IntVar] = {}
+        self.recomputed: dict[tuple[int, int], cp_model.IntVar] = {}  # issue 14: keep / offload / recompute
+        self.kept: dict[tuple[int, int], cp_model.IntVar] = {}
         self.tight: dict[tuple[Op, str], cp_model.IntVar] = {}
         self.window: dict[Op, tuple[int, int]] = {}
         self.device_end: list = []
@@ -128,6 +132,7 @@ class Model:
         self.following = scope.following
         self.follow_preds: dict[Op, list[tuple[Op, int]]] = {}
         self._variables()
+        self._recompute_variables()
         self._precedence()
         self._follow_order()
         self._no_overlap()
@@ -140,6 +145,8 @@ class Model:
     def _durations(self) -> dict[tuple[OpKind, int], int]:
         """Units per (kind, stage): semantics.duration_ms rounded up (timegrid.py says why)."""
         kinds = _COMPUTE + ((_OFF, _REL) if self.problem.offload.enabled else ())
+        if self.problem.recompute.enabled:
+            kinds += (_RC,)
         return {(kind, s): self.grid.up(duration_ms(self.problem, Op(kind, s, 0))) for kind in kinds for s in range(self.S)}
 
     def d(self, op: Op) -> int:
@@ -154,8 +161,8 @@ class Model:
             if op.kind in _COMPUTE:
                 if floor[d] is None or end > floor[d][1]:
                     floor[d] = (op, end)
-            elif (d, op.kind) not in channel or end > channel[(d, op.kind)][1]:
-                channel[(d, op.kind)] = (op, end)
+            elif (self.link[d], op.kind) not in channel or end > channel[(self.link[d], op.kind)][1]:
+                channel[(self.link[d], op.kind)] = (op, end)
         return floor, channel
 
     def start_of(self, op: Op):
@@ -210,7 +217,8 @@ class Model:
         for op in sorted(transfers):
             device = self.device_of[op.stage]
             lo = max(self.floor[device][1] if self.floor[device] else 0,
-                     self.channel_floor[(device, op.kind)][1] if (device, op.kind) in self.channel_floor else 0,
+                     self.channel_floor[(self.link[device], op.kind)][1]
+                     if (self.link[device], op.kind) in self.channel_floor else 0,
                      self._earliest_after(Op(_F, op.stage, op.microbatch)))
             hi = self.horizon - self.d(op)
             b = self.start_of(Op(_B, op.stage, op.microbatch))
@@ -220,6 +228,39 @@ class Model:
                 hi = min(hi, self.window[Op(_B, op.stage, op.microbatch)][1] - self.d(op)
                          - self.dur[(_REL, op.stage)])
             self._new(op, lo, max(lo, hi), self.presence((op.stage, op.microbatch)))
+
+    def _recompute_variables(self) -> None:
+        """Issue 14: per (stage, microbatch) of the whole problem (not a window) a literal
+        ``recomputed`` with an optional
+        RECOMPUTE interval after F, before B, on the device's compute no-overlap. With the offload
+        literal, at most one; ``kept`` is neither."""
+        if not self.problem.recompute.enabled or self.scope.window:
+            return
+        for s in range(self.S):
+            for i in range(self.m):
+                pair = (s, i)
+                f, b, rc = Op(_F, s, i), Op(_B, s, i), Op(_RC, s, i)
+                if f not in self.start or b not in self.start:
+                    continue
+                r = self.recomputed[pair] = self.cp.new_bool_var(f"r{s}:{i}")
+                keep = self.kept[pair] = self.cp.new_bool_var(f"k{s}:{i}")
+                x = self.offloaded.get(pair)
+                self.cp.add(keep + r + (x if x is not None else int(pair in self.scope.offloaded)) == 1)
+                lo = self.window[f][0] + self.d(f)
+                self._new(rc, lo, max(lo, self.window[b][1] - self.d(rc)), r)
+                self.cp.add(self.start[rc] >= self.end_of(f)).only_enforce_if(r)
+                self.cp.add(self.start[b] >= self.end_of(rc)).only_enforce_if(r)
+
+    def _present(self, op: Op):
+        """True, False or a literal: is this op in the schedule?"""
+        if op.kind is _RC:
+            return self.recomputed.get((op.stage, op.microbatch), False)
+        if op.kind in (_OFF, _REL):
+            return self.presence((op.stage, op.microbatch))
+        return True
+
+    def _recomputes_on(self, device: int) -> list[Op]:
+        return [op for op in self.start if op.kind is _RC and self.device_of[op.stage] == device]
 
     def _earliest_after(self, op: Op) -> int:
         if op in self.window:
@@ -239,6 +280,8 @@ class Model:
 
     def _precedence(self) -> None:
         for op, var in self.start.items():
+            if op.kind is _RC:  # _recompute_variables
+                continue
             if op.kind in _COMPUTE:
                 for pred, lag in self.data_preds(op):
                     self.cp.add(var >= self.end_of(pred) + lag)
@@ -265,8 +308,8 @@ class Model:
             window = self._device_ops(d, _COMPUTE)
             floor = [self.floor[d][0]] if self.floor[d] else []
             last_compute: list[Op] = window + floor
-            last_channel = {kind: self._device_ops(d, (kind,)) + ([self.channel_floor[(d, kind)][0]]
-                                                                 if (d, kind) in self.channel_floor else [])
+            last_channel = {kind: self._device_ops(d, (kind,)) + ([self.channel_floor[(self.link[d], kind)][0]]
+                                                                 if (self.link[d], kind) in self.channel_floor else [])
                             for kind in (_OFF, _REL)}
             for op in ops:
                 before = list(last_compute)
@@ -290,10 +333,21 @@ class Model:
         return [op for op in self.start if op.kind in kinds and self.device_of[op.stage] == device
                 and op not in self.following]
 
+    def _link_ops(self, device: int, kind: OpKind) -> list[Op]:
+        """The window's transfers of one kind on every device that shares ``device``'s host link."""
+        return [op for d in range(self.P) if self.link[d] == self.link[device] for op in self._device_ops(d, (kind,))]
+
     def _no_overlap(self) -> None:
+        """One compute op at a time per device; one transfer at a time per host-link channel (a
+        link group's devices share one D2H and one H2D channel)."""
         for d in range(self.P):
-            for kinds in (_COMPUTE, (_OFF,), (_REL,)):
-                intervals = [self.interval[op] for op in self._device_ops(d, kinds)]
+            intervals = [self.interval[op] for op in self._device_ops(d, _COMPUTE) + self._recomputes_on(d)]
+            if len(intervals) > 1:
+                self.cp.add_no_overlap(intervals)
+            if self.link[d] != d:
+                continue
+            for kind in (_OFF, _REL):
+                intervals = [self.interval[op] for op in self._link_ops(d, kind)]
                 if len(intervals) > 1:
                     self.cp.add_no_overlap(intervals)
 
@@ -302,6 +356,9 @@ class Model:
         memory = self.problem.memory
         sizes = [memory.budget, *memory.activation, *(k for k in memory.weight_activation if k)]
         sizes += [a - k for a, k in zip(memory.activation, memory.weight_activation) if a > k]
+        if self.recomputed:  # the holds of a recomputed activation (semantics.holds)
+            sizes += [hold.bytes for s in range(self.S) for hold in holds(self.problem, s, 0, recomputed=True)]
+            sizes += [hold.bytes for s in range(self.S) for hold in holds(self.problem, s, 0, fused=True, recomputed=True)]
         scale = math.gcd(*sizes)
         exact = True
         while (memory.budget // scale) * self.horizon > _OVERFLOW:
@@ -353,15 +410,20 @@ class Model:
                         continue
                     x = self.presence((s, i))
                     never = True if x is False else (False if x is True else ~x)
-                    for offloaded, present in ((False, never), (True, x)):
+                    cases = [(False, never, False), (True, x, False)]
+                    if (s, i) in self.recomputed:
+                        cases = [(False, self.kept[(s, i)], False), (True, x, False),
+                                 (False, self.recomputed[(s, i)], True)]
+                    for offloaded, present, again in cases:
                         if offloaded and not problem.offload.enabled:
                             continue
-                        for n, hold in enumerate(holds(problem, s, i, offloaded=offloaded)):
+                        for n, hold in enumerate(holds(problem, s, i, offloaded=offloaded, recomputed=again)):
                             if hold.place is Place.HOST and not host_binds:
                                 continue
-                            segment = self._segment(f"{'ox'[offloaded]}{n}_{s}:{i}",
+                            segment = self._segment(f"{'oxr'[offloaded + 2 * again]}{n}_{s}:{i}",
                                                     (hold.begins.op, hold.begins.at is At.END),
-                                                    (hold.ends.op, hold.ends.at is At.END), present, offloaded)
+                                                    (hold.ends.op, hold.ends.at is At.END), present,
+                                                    "rc" if again else offloaded)
                             if segment is not None:
                                 used[hold.place][0].append(segment)
                                 used[hold.place][1].append(up(hold.bytes))
@@ -373,28 +435,39 @@ class Model:
     def _tightness(self) -> None:
         """Every op starts at the end of something it waits for (see the module docstring)."""
         for d in range(self.P):
-            compute = self._device_ops(d, _COMPUTE)
+            recomputes = self._recomputes_on(d)
+            compute = self._device_ops(d, _COMPUTE) + recomputes
             floor = self.floor[d]
+            for op in recomputes:  # right after its F or another compute op on the device
+                reasons = list(self.data_preds(op))
+                reasons += [(other, 0) for other in compute if other != op and self._may_end_at(other, op)]
+                if floor is not None:
+                    reasons.append((floor[0], 0))
+                self._require_tight(op, reasons, False, self._present(op))
             for op in compute:
+                if op.kind is _RC:
+                    continue
                 reasons = list(self.data_preds(op))
                 pair = (op.stage, op.microbatch)
                 if op.kind is _B and self.presence(pair) is not False:
                     reasons.append((Op(_REL, *pair), 0))
+                if op.kind is _B and pair in self.recomputed:
+                    reasons.append((Op(_RC, *pair), 0))
                 reasons += [(other, 0) for other in compute if other != op and self._may_end_at(other, op)]
                 if floor is not None:
                     reasons.append((floor[0], 0))
                 zero = op.kind is _F and op.stage == 0 and floor is None
                 self._require_tight(op, reasons, zero, True)
             for kind in (_OFF, _REL):
-                channel = self._device_ops(d, (kind,))
+                channel = self._link_ops(d, kind)
                 for op in channel:
                     reasons = [(other, 0) for other in compute if self._may_end_at(other, op)]
                     if floor is not None:
                         reasons.append((floor[0], 0))
                     reasons += self.data_preds(op)
                     reasons += [(other, 0) for other in channel if other != op and self._may_end_at(other, op)]
-                    if (d, kind) in self.channel_floor:
-                        reasons.append((self.channel_floor[(d, kind)][0], 0))
+                    if (self.link[d], kind) in self.channel_floor:
+                        reasons.append((self.channel_floor[(self.link[d], kind)][0], 0))
                     self._require_tight(op, reasons, False, self.presence((op.stage, op.microbatch)))
         for op, before in self.follow_preds.items():
             pair = (op.stage, op.microbatch)
@@ -423,8 +496,8 @@ class Model:
                 continue
             t = self.cp.new_bool_var(f"t{op}<{pred}")
             self.cp.add(start == pred_end + lag).only_enforce_if(t)
-            if pred.kind in (_OFF, _REL):
-                pred_present = self.presence((pred.stage, pred.microbatch))
+            if pred.kind in (_OFF, _REL, _RC):
+                pred_present = self._present(pred)
                 if pred_present is False:
                     self.cp.add_bool_or([~t])
                 elif pred_present is not True:
@@ -474,6 +547,10 @@ class Model:
             self.cp.add_hint(var, starts.get(op, self.window[op][0]))
         for pair, x in self.offloaded.items():
             self.cp.add_hint(x, pair in offloaded)
+        recomputed = {(op.stage, op.microbatch) for op in starts if op.kind is _RC}
+        for pair, r in self.recomputed.items():
+            self.cp.add_hint(r, pair in recomputed)
+            self.cp.add_hint(self.kept[pair], pair not in recomputed and pair not in offloaded)
         ends = {op: t + self.d(op) for op, t in starts.items()}
         ends.update({op: t + self.d(op) for op, t in self.scope.fixed.items()})
         lags = {}
@@ -492,7 +569,13 @@ class Model:
         begins.update(starts)
         for size, (first, at_end), last, pair, when in self.sizes:
             value = 0
-            if when is None or (pair in offloaded) == when:
+            if when == "rc":
+                matches = pair in recomputed
+            elif when is False:
+                matches = pair not in offloaded and pair not in recomputed
+            else:
+                matches = when is None or pair in offloaded
+            if matches:
                 a = ends.get(first) if at_end else begins.get(first)
                 z = self.horizon if last is None else (ends.get(last[0]) if last[1] else begins.get(last[0]))
                 if z is not None and last is not None and last[1] and last[0].kind in (_OFF, _REL):
@@ -517,7 +600,7 @@ class Model:
         out = {}
         for op, var in self.start.items():
             if op.kind not in _COMPUTE:
-                present = self.presence((op.stage, op.microbatch))
+                present = self._present(op)
                 if present is not True and not solver.boolean_value(present):
                     continue
             out[op] = solver.value(var)
@@ -623,7 +706,16 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     timeline = simulate(problem, schedule)
     objective = grid.ms(solver.objective_value)
     # check
-    check_solution(problem, grid, timeline, objective)
+    if problem.offload.enabled and problem.offload.link_groups:
+        # A shared channel's order is the simulator's FIFO (semantics.py); the model lets the solver
+        # pick any order, so it is a relaxation: its bound stands, its times are re-simulated.
+        if not timeline.fits:
+            return SolveResult("cpsat", SolveStatus.NO_IMPROVEMENT, None, None, None, analytic, elapsed,
+                               grid.resolution_ms)
+        objective = timeline.makespan
+        code = cp_model.FEASIBLE if timeline.makespan > grid.ms(solver.best_objective_bound) + TOLERANCE_MS else code
+    else:
+        check_solution(problem, grid, timeline, objective)
     bound = max(analytic, grid.ms(solver.best_objective_bound)) if proves else analytic
     status = SolveStatus.OPTIMAL if code == cp_model.OPTIMAL and proves else SolveStatus.FEASIBLE
     return SolveResult("cpsat", status, schedule, timeline, objective, min(bound, timeline.makespan),
@@ -646,6 +738,6 @@ def check_solution(problem: Problem, grid: Grid, timeline: Timeline, objective_m
 
 def _safe_horizon(problem: Problem, grid: Grid) -> int:
     """Everything one after another, in the model's units: no schedule needs longer."""
-    kinds = _COMPUTE + ((_OFF, _REL) if problem.offload.enabled else ())
+    kinds = _COMPUTE + ((_OFF, _REL) if problem.offload.enabled else ()) + ((_RC,) if problem.recompute.enabled else ())
     total = sum(grid.up(duration_ms(problem, Op(kind, s, 0))) for kind in kinds for s in range(problem.stages))
     return problem.microbatches * (total + 2 * problem.stages * grid.up(problem.costs.p2p)) + 1

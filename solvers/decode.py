@@ -21,7 +21,8 @@ from optpipe.compiler.semantics import TOLERANCE_MS, duration_ms
 
 __all__ = ["schedule_from_starts"]
 
-_TIE = {OpKind.F: 0, OpKind.B: 1, OpKind.BW: 1, OpKind.W: 2, OpKind.OFFLOAD: 3, OpKind.RELOAD: 4}
+_TIE = {OpKind.F: 0, OpKind.B: 1, OpKind.BW: 1, OpKind.W: 2, OpKind.OFFLOAD: 3, OpKind.RELOAD: 4,
+        OpKind.RECOMPUTE: 0.5}  # a recompute ends before its B starts
 
 
 def schedule_from_starts(problem: Problem, name: str, starts: dict[Op, float],

@@ -167,6 +167,8 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     Each window is followed by ``follow`` windows' worth of ops that the model re-times in their
     order, so that it sees what the window's choices do downstream.
     """
+    if schedule.recomputed:  # window models decide keep or offload only (issue 14): left as it is
+        return Search(schedule, simulate(problem, schedule), 0, 0)
     began = time.monotonic()
     deadline = began + time_limit_s
     rng = random.Random(seed)

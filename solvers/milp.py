@@ -62,6 +62,8 @@ def solve_milp(problem: Problem, *, backend: str = "highs", time_limit_s: float 
     if backend not in _BACKENDS:
         raise SolverError(f"unknown MILP backend {backend!r}; expected one of {', '.join(_BACKENDS)} "
                           f"(HiGHS through highspy, or the CBC binary bundled with PuLP)")
+    if hint is not None and hint.recomputed:  # the MILP decides keep or offload only (issue 14: CP-SAT recomputes)
+        hint = None
     if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float)) \
             or not math.isfinite(time_limit_s) or time_limit_s <= 0:
         raise SolverError(f"time limit: expected a positive number of seconds like 60, got {time_limit_s!r}")
@@ -278,7 +280,7 @@ def _default_hint(problem: Problem) -> Schedule | None:
     """The fastest registered heuristic that fits the budget, if any."""
     from .compare import best_fitting, compare
 
-    best = best_fitting(compare(problem))
+    best = best_fitting([entry for entry in compare(problem) if entry.schedule is None or not entry.schedule.recomputed])
     return best.schedule if best is not None else None
 
 

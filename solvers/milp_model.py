@@ -364,6 +364,29 @@ class _Builder:
                         self.order[(a, b)] = y
                         self.precede(a, b, 0, both + 1 - y)
                         self.precede(b, a, 0, both + y)
+        self.shared_links()
+
+    def shared_links(self) -> None:
+        """Devices of a link group share one D2H and one H2D channel (semantics.py): one transfer
+        at a time across them. The order is the solver's; the simulator's FIFO judges."""
+        for group in self.problem.offload.link_groups:
+            for n, da in enumerate(group):
+                for db in group[n + 1:]:
+                    for kind in (_OFF, _REL):
+                        for s, i in self.items_on[da]:
+                            for t, j in self.items_on[db]:
+                                a, b = Op(kind, s, i), Op(kind, t, j)
+                                both = 2 - self.offload[(s, i)] - self.offload[(t, j)]
+                                y = self.lp.add_variable(f"y_{_name(a)}_{_name(b)}", cat=pulp.LpBinary)
+                                self.order[(a, b)] = y
+                                self.precede(a, b, 0, both + 1 - y)
+                                self.precede(b, a, 0, both + y)
+
+    def link_items(self, device: int) -> list[tuple[int, int]]:
+        """(stage, microbatch) items of every device that shares ``device``'s host link."""
+        offload = self.problem.offload
+        mate = offload.link_of(device)
+        return [item for d in range(self.problem.devices) if offload.link_of(d) == mate for item in self.items_on[d]]
 
     def channel_before(self, a: Op, b: Op):
         """1/0 or a 0-1 expression: transfer a is carried before transfer b on their channel."""
@@ -558,7 +581,7 @@ class _Builder:
                     if c == back or (c != f and data.order(c, f) == 1) or data.order(c, back) == 0:
                         continue  # ends before F(a) ends, or after B(a) starts: never the issue point
                     options.append(self.on_time(target, c, 0, exact=True))
-                for t, j in self.items_on[device]:
+                for t, j in self.link_items(device):
                     if (t, j) == (s, i):
                         continue
                     other = Op(kind, t, j)

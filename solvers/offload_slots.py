@@ -108,7 +108,7 @@ def add_offloads(problem: Problem, schedule: Schedule, chosen: Iterable[tuple[in
     pair the input offloaded) has OFFLOAD right after its F and RELOAD before its backward; the
     input is not changed.
     """
-    pairs = _check_pairs(problem, chosen) | schedule.offloaded
+    pairs = (_check_pairs(problem, chosen) | schedule.offloaded) - schedule.recomputed  # kept, offloaded or recomputed
     compute = _compute_only(schedule)
     timeline = simulate(problem, compute)
     by_op = timeline.by_op

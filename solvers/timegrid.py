@@ -105,6 +105,8 @@ def _lengths(problem: Problem, kinds=tuple(OpKind)) -> list[tuple[float, int]]:
     m, counts = problem.microbatches, {}
     if not problem.offload.enabled:
         kinds = [kind for kind in kinds if kind not in (OpKind.OFFLOAD, OpKind.RELOAD)]
+    if not problem.recompute.enabled:
+        kinds = [kind for kind in kinds if kind is not OpKind.RECOMPUTE]
     for s in range(problem.stages):
         for kind in kinds:
             length = duration_ms(problem, Op(kind, s, 0))
@@ -117,6 +119,8 @@ def _lengths(problem: Problem, kinds=tuple(OpKind)) -> list[tuple[float, int]]:
 def _exact_lengths(problem: Problem) -> list[Fraction]:
     """The durations of F, B, W and transfers, and the lag, as exact fractions (semantics.exact_ms)."""
     kinds = _PARTS if problem.offload.enabled else _PARTS[:3]
+    if problem.recompute.enabled:
+        kinds = kinds + (OpKind.RECOMPUTE,)
     values = {exact_ms(problem, Op(kind, s, 0)) for kind in kinds for s in range(problem.stages)}
     if problem.costs.p2p > 0:
         values.add(Fraction(repr(problem.costs.p2p)))

@@ -49,7 +49,7 @@ def test_round_trip_is_exact():
 def test_layout_matches_the_spec():
     h = SMALL.header
     magic, version, flags, total, world, stages, chunks, micro = struct.unpack_from("<8sHHIHHHH", SMALL_BYTES)
-    assert (magic, version, flags, total) == (MAGIC, FORMAT_VERSION, 0, len(SMALL_BYTES))
+    assert (magic, version, flags, total) == (MAGIC, 1, 0, len(SMALL_BYTES))  # no RECOMPUTE: format 1
     assert (world, stages, chunks, micro) == (2, 2, 1, 2)
     assert SMALL_BYTES[24:56] == h.problem_hash
     assert struct.unpack_from("<H", SMALL_BYTES, 56) == (4,) and SMALL_BYTES[NAME_AT:MAP_AT] == b"1F1B"

@@ -26,7 +26,7 @@ import torch
 from optpipe.compiler.bytecode import write_plan
 from optpipe.compiler.errors import NotApplicable, PlanError
 from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, Recompute
 from optpipe.compiler.simulate import simulate
 from optpipe.runtime.interpreter import Interpreter
 from optpipe.runtime.launch import LocalRunFailed, run_local
@@ -43,7 +43,10 @@ SEED = 0
 HEURISTICS = ["1F1B", "1F1B-I", "ZB-H1", "ZB-H2", "ZBV", "V-Half", "GIS-H", "PO-H", "PO-F", "ZB-I", "DualPipeV"]
 CHUNKS = {"1F1B": 1, "ZB-H1": 1, "ZB-H2": 1}
 VSHAPE = {"ZBV", "V-Half", "DualPipeV"}
-OFFLOADING = {"PO-H", "PO-F", "solver"}
+OFFLOADING = {"PO-H", "PO-F", "solver", "PO-H-linked", "solver-linked"}
+# Issue 14: the same on shared host links (devices 0-1 and 2-3 share one link each), and plans
+# that recompute: every activation (the last stage's too), or a mix of offload and recompute.
+LINKED = ["PO-H-linked", "solver-linked", "1F1B-capped-RC", "PO-H+RC"]
 MICROBATCHES = {2: 4, 4: 8}  # per world size; the solver's problems use 4 to solve in well under a second
 
 _SIZES: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -57,7 +60,7 @@ def _profiled_sizes(stages: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _problem(devices: int, chunks: int, placement: Placement, budget_activations: float | None = None,
-             microbatches: int | None = None) -> Problem:
+             microbatches: int | None = None, linked: bool = False) -> Problem:
     """Fixed costs (F = B = W = 1 ms), profiled sizes, a host link with k = 0.5 (round trip = (F + B) / 2)."""
     stages = devices * chunks
     activation, weight_activation = _profiled_sizes(stages)
@@ -68,7 +71,8 @@ def _problem(devices: int, chunks: int, placement: Placement, budget_activations
         pipeline=Pipeline(devices, chunks, placement, microbatches or MICROBATCHES[devices]),
         costs=Costs((1.0,) * stages, (1.0,) * stages, (1.0,) * stages, 0.0),
         memory=Memory(activation, weight_activation, budget),
-        offload=Offload(True, bandwidth, bandwidth, 2**40),
+        offload=Offload(True, bandwidth, bandwidth, 2**40,
+                        link_groups=tuple((d, d + 1) for d in range(0, devices, 2)) if linked else ()),
     )
 
 
@@ -90,6 +94,28 @@ def _plans(devices: int):
     result = solve_cpsat(problem, time_limit_s=10.0, workers=1, seed=0)
     assert result.schedule is not None, f"CP-SAT found no plan for the test problem: {result.status}"
     plans.append(("solver", problem, result.schedule))
+    problem = _problem(devices, 2, Placement.INTERLEAVED, linked=True)
+    plans.append(("PO-H-linked", problem, generate("PO-H", problem)))
+    # Tight enough that the optimum offloads over the shared links (found by trying budgets).
+    problem = _problem(devices, 1, Placement.INTERLEAVED, budget_activations=1.8 if devices == 2 else 1.5,
+                       microbatches=4, linked=True)
+    result = solve_cpsat(problem, time_limit_s=10.0, workers=1, seed=0)
+    assert result.schedule is not None, f"CP-SAT found no plan for the linked test problem: {result.status}"
+    plans.append(("solver-linked", problem, result.schedule))
+    from dataclasses import replace
+
+    from optpipe.solvers.recompute import add_recomputes
+
+    # The runtime keeps a recomputed forward's input outside the store, so resident is 0 here.
+    problem = _problem(devices, 1, Placement.INTERLEAVED, budget_activations=1.5)
+    problem = replace(problem, recompute=Recompute(True, (1.0,) * devices, (0,) * devices))
+    plans.append(("1F1B-capped-RC", problem, generate("1F1B-capped-RC", problem)))
+    problem = _problem(devices, 2, Placement.INTERLEAVED)
+    problem = replace(problem, recompute=Recompute(True, (1.0,) * 2 * devices, (0,) * 2 * devices))
+    po_h = generate("PO-H", problem)
+    rest = [(s, i) for s in range(problem.stages - 1) for i in range(problem.microbatches)
+            if (s, i) not in po_h.offloaded]
+    plans.append(("PO-H+RC", problem, add_recomputes(problem, po_h, rest)))
     return plans, missing
 
 
@@ -130,7 +156,7 @@ def world(request):
             "seconds": time.monotonic() - started}
 
 
-@pytest.mark.parametrize("name", HEURISTICS + ["solver"])
+@pytest.mark.parametrize("name", HEURISTICS + ["solver"] + LINKED)
 def test_gradients_and_loss_match_single_process_training(world, name):
     if name in world["missing"]:
         pytest.fail(f"{name} does not apply to the test problem: {world['missing'][name]}")
@@ -148,13 +174,15 @@ def test_gradients_and_loss_match_single_process_training(world, name):
         assert error <= 1e-5, f"{name}: {param} relative error {error:.2e}"
 
 
-@pytest.mark.parametrize("name", HEURISTICS + ["solver"])
+@pytest.mark.parametrize("name", HEURISTICS + ["solver"] + LINKED)
 def test_measured_peak_activation_equals_the_simulators(world, name):
     if name in world["missing"]:
         pytest.fail(f"{name} does not apply to the test problem: {world['missing'][name]}")
     problem, schedule = world["plans"][name]
     if name in OFFLOADING:
         assert schedule.offloaded, f"{name}: the plan offloads nothing, so it would not test offload"
+    if name.endswith("RC"):
+        assert schedule.recomputed, f"{name}: the plan recomputes nothing, so it would not test recompute"
     predicted = simulate(problem, schedule).peak_memory
     measured = tuple(r.peak_activation_bytes[0] for r in world["reports"][name])
     assert measured == predicted

@@ -47,5 +47,12 @@ def run(args) -> int:
         table.add_row("round trip / (F+B)", f"k = {k:.2f}" + ("  (offload cannot hide behind compute)" if k > 1 else ""))
     else:
         table.add_row("offload", "disabled")
+    if offload.enabled and offload.link_groups:
+        table.add_row("shared host links", ", ".join("devices " + "+".join(str(d) for d in group)
+                                                    for group in offload.link_groups))
+    if problem.recompute.enabled:
+        recompute = problem.recompute
+        table.add_row("recompute", f"{max(recompute.time_ms):.2f} ms at most, keeps "
+                                   f"{format_size(max(recompute.resident))} at most between F and the recompute")
     console.print(table)
     return 0

@@ -16,10 +16,12 @@ from ..simulate import Timeline
 __all__ = ["gantt_lines", "gantt_text"]
 
 _STYLE = {OpKind.F: "bold white on blue", OpKind.B: "bold black on green", OpKind.W: "bold black on yellow",
-          OpKind.BW: "bold white on magenta", OpKind.OFFLOAD: "black on cyan", OpKind.RELOAD: "black on bright_cyan"}
+          OpKind.BW: "bold white on magenta", OpKind.OFFLOAD: "black on cyan", OpKind.RELOAD: "black on bright_cyan",
+          OpKind.RECOMPUTE: "bold white on red"}
 _MEANING = {OpKind.F: "forward", OpKind.B: "backward-input", OpKind.W: "backward-weight", OpKind.BW: "fused backward",
-            OpKind.OFFLOAD: "offload", OpKind.RELOAD: "reload"}
-_LABEL = {OpKind.F: "F", OpKind.B: "B", OpKind.W: "W", OpKind.BW: "BW", OpKind.OFFLOAD: ">", OpKind.RELOAD: "<"}
+            OpKind.OFFLOAD: "offload", OpKind.RELOAD: "reload", OpKind.RECOMPUTE: "recompute"}
+_LABEL = {OpKind.F: "F", OpKind.B: "B", OpKind.W: "W", OpKind.BW: "BW", OpKind.OFFLOAD: ">", OpKind.RELOAD: "<",
+          OpKind.RECOMPUTE: "R"}
 
 
 def _columns(timeline: Timeline, width: int | None) -> float:
@@ -87,7 +89,10 @@ def gantt_lines(timeline: Timeline, width: int | None = 160) -> list[Text]:
             line.append(char, style=style or "dim")
         out.append(line)
     legend = Text("  ")
-    for kind in (OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD):
+    kinds = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD)
+    if any(t.op.kind is OpKind.RECOMPUTE for t in timeline.timings):
+        kinds += (OpKind.RECOMPUTE,)
+    for kind in kinds:
         legend.append(f" {_LABEL[kind]} ", style=_STYLE[kind])
         legend.append(f" {_MEANING[kind]}  ")
     out.append(legend)

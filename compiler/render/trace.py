@@ -18,7 +18,7 @@ __all__ = ["chrome_trace", "write_trace", "TRACKS"]
 TRACKS = {"compute": 0, "d2h": 1, "h2d": 2}
 _TRACK_OF = {OpKind.OFFLOAD: TRACKS["d2h"], OpKind.RELOAD: TRACKS["h2d"]}
 _NAME = {OpKind.F: "forward", OpKind.B: "backward-input", OpKind.W: "backward-weight", OpKind.BW: "backward",
-         OpKind.OFFLOAD: "offload", OpKind.RELOAD: "reload"}
+         OpKind.OFFLOAD: "offload", OpKind.RELOAD: "reload", OpKind.RECOMPUTE: "recompute"}
 
 
 def chrome_trace(timeline: Timeline, label: str = "") -> dict:

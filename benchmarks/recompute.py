@@ -1,0 +1,84 @@
+"""Keep, offload or recompute (issue 14): the solver's mix against each pure strategy.
+
+One pipeline (p = 4, m = 8, F = B = W = 20 ms, 229 MiB activations) with a tight budget, and a
+host link from k = 0.5 (a round trip takes half a stage's F + B) to k = 3. Each strategy is the
+same compile (CP-SAT from the best fitting heuristic) on the problem with only its choices
+enabled: keep-only has neither offload nor recompute, offload-only no recompute, recompute-only
+no offload, the mix both. A recompute re-runs the whole forward (20 ms) and keeps the stage
+input (5% of the activation) in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rich.table import Table
+
+from optpipe.compiler.errors import InfeasibleError
+from optpipe.compiler.problem import Recompute, load_problem
+from optpipe.solvers.compile import compile_problem
+
+from ._common import PROBLEMS, console, save
+
+TIME_LIMIT_S = 20.0
+KS = (0.5, 1.0, 2.0, 3.0)
+BUDGETS = (2.0, 2.5)  # in activations
+
+
+def _problem(k: float, activations: float):
+    base = load_problem(PROBLEMS / "balanced-p4-m8-tight.toml")  # k = 0.5 at 24 GB/s
+    act = base.memory.activation
+    bandwidth = base.offload.d2h_bandwidth * 0.5 / k
+    return replace(base, name=f"balanced-p4-m8-k{k:g}-b{activations:g}",
+                   offload=replace(base.offload, d2h_bandwidth=bandwidth, h2d_bandwidth=bandwidth),
+                   recompute=Recompute(True, base.costs.forward, tuple(a // 20 for a in act))
+                   ).with_budget(int(activations * act[0]))
+
+
+def _compile(problem, time_limit_s):
+    try:
+        result = compile_problem(problem, time_limit_s=time_limit_s, workers=1)
+    except InfeasibleError:
+        return None
+    return {"makespan_ms": result.makespan_ms, "lower_bound_ms": result.lower_bound_ms,
+            "offloaded": len(result.schedule.offloaded), "recomputed": len(result.schedule.recomputed),
+            "peak": result.timeline.peak, "fits": result.timeline.fits}
+
+
+def run(time_limit_s: float = TIME_LIMIT_S) -> list[dict]:
+    rows = []
+    for activations in BUDGETS:
+        fixed = {}
+        for k in KS:
+            problem = _problem(k, activations)
+            if not fixed:  # keep-only and recompute-only do not use the link
+                fixed["keep"] = _compile(problem.without_offload().without_recompute(), time_limit_s)
+                fixed["recompute"] = _compile(problem.without_offload(), time_limit_s)
+            row = {"k": k, "budget_activations": activations, "budget_bytes": problem.memory.budget,
+                   "keep": fixed["keep"], "offload": _compile(problem.without_recompute(), time_limit_s),
+                   "recompute": fixed["recompute"], "mix": _compile(problem, time_limit_s)}
+            rows.append(row)
+    table = Table(title=f"p = 4, m = 8, F = B = W = 20 ms: makespan (ms) by strategy "
+                        f"(CP-SAT, {time_limit_s:g} s each; offloaded / recomputed pairs)")
+    for column in ("budget", "k", "keep only", "offload only", "recompute only", "mix", "mix bound"):
+        table.add_column(column, justify="right")
+
+    def cell(entry):
+        if entry is None:
+            return "[red]no fit[/]"
+        return f"{entry['makespan_ms']:.1f} ({entry['offloaded']}/{entry['recomputed']})"
+
+    for r in rows:
+        best_pure = min((r[s]["makespan_ms"] for s in ("keep", "offload", "recompute") if r[s]), default=None)
+        mix = cell(r["mix"])
+        if r["mix"] and best_pure and r["mix"]["makespan_ms"] < best_pure - 1e-6:
+            mix = f"[bold green]{mix}[/]"
+        table.add_row(f"{r['budget_activations']:g} act", f"{r['k']:g}", cell(r["keep"]), cell(r["offload"]),
+                      cell(r["recompute"]), mix, f"{r['mix']['lower_bound_ms']:.1f}" if r["mix"] else "-")
+    console.print(table)
+    save("recompute", rows, time_limit_s=time_limit_s)
+    return rows
+
+
+if __name__ == "__main__":
+    run()
