@@ -8,8 +8,9 @@ seeded random order):
 
 - ``fill``: pull a later compute op of the gap's device, one whose data is ready before the
   gap ends, into the gap (the earliest such op first);
-- ``hurry``: the op after the gap waits for data from another device; move that producer one
-  to three places earlier in its own device's list, ahead of what delayed it.
+- ``hurry``: the op after the gap waits for data; walk back along what it waits for to the
+  first op that its own device held back (it was ready before it started), and list that op
+  one to three places earlier, ahead of what delayed it.
 
 An op moves with its own transfers: an F with the offload listed right after it, a B with its
 reload, which must stay listed before it. Each move is simulated; it is kept when it fits and
@@ -117,25 +118,32 @@ def _candidates(problem: Problem, schedule: Schedule, timeline: Timeline, gap, o
                 fills += 1
                 if fills == 2:
                     break
-    # hurry: the producer ``after`` waits for, moved earlier on its device
+    # hurry: walk back along the data the op after the gap waits for, to the first op on that
+    # path that its own device held back, and list that op earlier
     by_op = timeline.by_op
-    for wait in waits(problem, after, offloaded=(after.stage, after.microbatch) in offloaded):
-        pred = wait.op
-        if pred not in by_op and pred.kind is _B:
-            pred = Op(_BW, pred.stage, pred.microbatch)
-        t = by_op.get(pred)
-        if t is None or t.op.kind not in COMPUTE_KINDS or t.device == device:
-            continue
-        if abs(t.end + wait.lag_ms - timeline.by_op[after].start) > 1e-6:
-            continue  # not what holds the op back
-        other = [op for op in schedule.devices[t.device] if op.kind in COMPUTE_KINDS]
-        j = other.index(pred)
-        for back in (1, 2, 3):
-            if j - back < 0:
-                break
-            moved = _moved(schedule, t.device, pred, other[j - back])
-            if moved is not None:
-                out.append(moved)
+    op = after
+    for _ in range(2 * problem.stages + 2):
+        binding = None
+        for wait in waits(problem, op, offloaded=(op.stage, op.microbatch) in offloaded):
+            pred = wait.op
+            if pred not in by_op and pred.kind is _B:
+                pred = Op(_BW, pred.stage, pred.microbatch)
+            t = by_op.get(pred)
+            if t is not None and t.op.kind in COMPUTE_KINDS and abs(t.end + wait.lag_ms - by_op[op].start) <= 1e-6:
+                binding = t
+        if binding is None:
+            break
+        if binding.start > _ready(problem, timeline, binding.op, offloaded) + 1e-6:
+            other = [x for x in schedule.devices[binding.device] if x.kind in COMPUTE_KINDS]
+            j = other.index(binding.op)
+            for back in (1, 2, 3):
+                if j - back < 0:
+                    break
+                moved = _moved(schedule, binding.device, binding.op, other[j - back])
+                if moved is not None:
+                    out.append(moved)
+            break
+        op = binding.op
     return out
 
 

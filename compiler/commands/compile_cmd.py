@@ -1,12 +1,14 @@
 """optpipe compile: the fastest schedule that fits the budget, with its lower bound and gap.
 
-While the solver runs, a live line shows the incumbent, the bound and the gap (on stderr, so
-``--json`` output stays clean); then a table puts the result beside the best fitting heuristic.
+While the solver runs, a live line shows the elapsed time, the incumbent, the bound, the gap and
+what the search last did (on stderr, and only when stdout is a terminal and not ``--json``, so
+piped output stays clean); then a table puts the result beside the best fitting heuristic.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 
 from rich.console import Console
@@ -43,7 +45,7 @@ def run(args) -> int:
     problem = read_problem(args)
     try:
         compiled = compile_live(problem, solver=args.solver, time_limit_s=args.time_limit, seed=args.seed,
-                                workers=args.workers, quiet=args.json)
+                                workers=args.workers, quiet=args.json or not sys.stdout.isatty())
     except InfeasibleError as error:
         if args.json:
             print_json({"solver": args.solver, "status": "infeasible", "message": str(error),
