@@ -25,10 +25,13 @@ without gain is not solved again at the same incumbent, and a kind's retries loo
 slices. Every accepted step is simulated, fits, and is no worse than the incumbent.
 
 Restarts: with other warm starts, each gets a share of the time first; the search then goes on
-from the best of them. Measured on the benchmark problems (30 s, 2 cores) none of this moved
-the makespan by more than 0.6% (see the report of issue 11): their gaps sit in cool-downs where
-deferring W would need memory the budget does not have, which is as much the bound's weakness
-as the search's.
+from the best of them. Measured with compile at 30 s on 2 cores (issue 11), none of this moved
+the makespan on gpt-p8-v2-m32-quarter, longseq-p8-v2-m16, zb15b-p8-m32 or zb15b-p8-m32-half,
+and scale-p16-v2-m64 by 0.1%: on each, the path that sets the makespan is the last microbatch's
+backward chain through a cool-down in which every device runs B and W in turn; list moves that
+defer W or keep activations on the device, and cool-down windows of 16 ops per device solved to
+optimality, find nothing faster within budget. Whether those schedules are optimal is for a
+bound that knows the cool-down to say.
 """
 
 from __future__ import annotations

@@ -109,13 +109,13 @@ class _live_progress:
     def _render(self) -> Text:
         elapsed = time.monotonic() - self.began
         p = self.latest
-        text = Text(f"compiling {self.problem.name} with {self.solver}  {elapsed:5.1f}s / {self.time_limit_s:g}s",
-                    style="bold")
+        # the numbers first, so that an 80-column terminal shows them all; what the search did last after
+        text = Text(f"{self.solver} {elapsed:5.1f}s/{self.time_limit_s:g}s", style="bold")
         if p is not None:
             incumbent = f"{p.incumbent_ms:,.1f} ms" if p.incumbent_ms is not None else "-"
-            bound = f"{p.bound_ms:,.1f} ms" if p.bound_ms is not None else "-"
+            bound = f"{p.bound_ms:,.1f}" if p.bound_ms is not None else "-"
             gap = f"{p.gap:.2%}" if p.gap is not None else "-"
-            text.append(f"   incumbent {incumbent}   bound {bound}   gap {gap}   ", style="")
+            text.append(f"  best {incumbent}  bound {bound}  gap {gap}  ", style="")
             text.append(p.message, style="dim")
         return text
 
