@@ -10,7 +10,8 @@ import time
 from ._common import console
 
 # Cheapest first; each module has run() and saves its own JSON.
-ORDER = ("simulator_speed", "heuristics", "torch_interop", "solver_quality", "consistency", "runtime_overhead")
+ORDER = ("simulator_speed", "heuristics", "torch_interop", "solver_quality", "budget_sweep", "consistency",
+         "runtime_overhead")
 
 
 def main(argv: list[str] | None = None) -> int:

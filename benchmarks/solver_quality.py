@@ -7,7 +7,14 @@ the solve time. Targets (issue 4): never worse than the best fitting heuristic; 
 of at least 30% over the instances with offload and at most 8 devices; a fitting schedule at
 least as good as the heuristics on scale-p16-v2-m64.
 
-    python -m benchmarks.solver_quality [--time-limit S]
+With ``--grid`` it also runs the generated grid of ``problem_grid.py`` (24 problems, p = 4..32,
+v = 1..3, m = p..8p, tight to ample budgets, k = 0.3..3, uneven costs; ``--large`` adds p = 32,
+m = 256), at each of the ``--time-limits``, and measures issue 11's targets: the share of problems
+within 2% and within 5% of the bound, and the mean idle cut where the best fitting heuristic is
+more than 1% above the bound. Every row lists every heuristic's makespan (null where it does not
+fit) in the JSON.
+
+    python -m benchmarks.solver_quality [--time-limit S] [--grid] [--time-limits 10,30,60] [--large]
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from optpipe.compiler.errors import InfeasibleError
-from optpipe.compiler.problem import load_problem
+from optpipe.compiler.problem import Problem, load_problem
+from optpipe.solvers.compare import compare
 from optpipe.solvers.compile import compile_problem
 
 from ._common import HERE, console, instances, save
@@ -34,15 +42,14 @@ def _paths() -> list[Path]:
     return shared or instances()
 
 
-def _row(path: Path, time_limit_s: float, seed: int) -> dict:
-    problem = load_problem(path)
+def _row(problem: Problem, time_limit_s: float, seed: int) -> dict:
     began = time.monotonic()
     try:
         compiled = compile_problem(problem, time_limit_s=time_limit_s, seed=seed)
     except InfeasibleError as error:
         return {"problem": problem.name, "status": "infeasible", "message": str(error),
                 "offload": problem.offload.enabled, "devices": problem.devices,
-                "solve_time_s": time.monotonic() - began}
+                "time_limit_s": time_limit_s, "solve_time_s": time.monotonic() - began}
     base = compiled.baseline.timeline if compiled.baseline else None
     idle = compiled.timeline.idle_time
     base_idle = base.makespan - base.busiest_compute if base else None
@@ -63,24 +70,84 @@ def _row(path: Path, time_limit_s: float, seed: int) -> dict:
         "offloaded": compiled.offloaded,
         "peak_memory_bytes": compiled.timeline.peak,
         "budget_bytes": problem.memory.budget,
+        "time_limit_s": time_limit_s,
         "solve_time_s": compiled.solve_time_s,
     }
 
 
-def _table(rows: list[dict], time_limit_s: float) -> Table:
-    table = Table(title=f"optpipe compile (cpsat) against the best fitting heuristic, {time_limit_s:g} s per instance")
-    for column in ("instance", "best heuristic", "heuristic ms", "compiled ms", "lower bound", "gap",
-                   "idle cut", "status", "solve s"):
-        table.add_column(column, justify="left" if column in ("instance", "best heuristic", "status") else "right")
+def _table(rows: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("instance", "limit s", "best heuristic", "heuristic ms", "compiled ms", "lower bound", "gap",
+                   "idle cut", "start", "solve s"):
+        table.add_column(column, justify="left" if column in ("instance", "best heuristic", "start") else "right")
     for r in rows:
+        limit = f"{r['time_limit_s']:g}"
         if r["status"] == "infeasible":
-            table.add_row(r["problem"], "-", "-", "-", "-", "-", "-", "[red]infeasible[/]", f"{r['solve_time_s']:.1f}")
+            table.add_row(r["problem"], limit, "-", "-", "-", "-", "-", "-", "[red]infeasible[/]",
+                          f"{r['solve_time_s']:.1f}")
             continue
         base = f"{r['baseline_makespan_ms']:,.1f}" if r["baseline_makespan_ms"] else "-"
         cut = f"{r['idle_cut']:.1%}" if r["idle_cut"] is not None else "-"
-        table.add_row(r["problem"], r["baseline"] or "[dim]none fits[/]", base, f"{r['makespan_ms']:,.1f}",
-                      f"{r['lower_bound_ms']:,.1f}", f"{r['gap']:.2%}", cut, r["status"], f"{r['solve_time_s']:.1f}")
+        table.add_row(r["problem"], limit, r["baseline"] or "[dim]none fits[/]", base, f"{r['makespan_ms']:,.1f}",
+                      f"{r['lower_bound_ms']:,.1f}", f"{r['gap']:.2%}", cut, r["warm_start"][:28],
+                      f"{r['solve_time_s']:.1f}")
     return table
+
+
+def grid_summary(rows: list[dict]) -> dict:
+    """Issue 11's targets per time limit: gap <= 2% and <= 5% shares, mean idle cut, never worse."""
+    out = {}
+    for limit in sorted({r["time_limit_s"] for r in rows}):
+        mine = [r for r in rows if r["time_limit_s"] == limit]
+        solved = [r for r in mine if r["status"] != "infeasible"]
+        room = [r for r in solved if r["baseline_makespan_ms"] and r["idle_cut"] is not None
+                and r["baseline_makespan_ms"] > 1.01 * r["lower_bound_ms"]]
+        out[f"{limit:g}"] = {
+            "problems": len(mine),
+            "solved": len(solved),
+            "within_2_percent": sum(r["gap"] <= 0.02 for r in solved) / len(solved) if solved else None,
+            "within_5_percent": sum(r["gap"] <= 0.05 for r in solved) / len(solved) if solved else None,
+            "mean_gap": sum(r["gap"] for r in solved) / len(solved) if solved else None,
+            "mean_idle_cut_where_heuristic_1pct_above_bound": (sum(r["idle_cut"] for r in room) / len(room)
+                                                               if room else None),
+            "never_worse_than_heuristic": all(r["baseline_makespan_ms"] is None
+                                              or r["makespan_ms"] <= r["baseline_makespan_ms"] + 1e-6
+                                              for r in solved),
+        }
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return f"{x:.0%}" if x is not None else "-"
+
+
+def _every_heuristic(problem: Problem) -> dict:
+    return {e.name: (e.timeline.makespan if e.fits else None) for e in compare(problem) if e.applicable}
+
+
+def run_grid(time_limits: list[float], seed: int = 0, large: bool = False) -> list[dict]:
+    """The generated grid at each time limit: table, targets and JSON (results/solver_quality_grid.json)."""
+    from .problem_grid import grid
+
+    rows = []
+    for problem in grid(seed, large):
+        heuristics = _every_heuristic(problem)
+        for limit in time_limits:
+            console.print(f"[dim]{problem.name}: solving for up to {limit:g} s ...[/]")
+            rows.append({**_row(problem, limit, seed), "heuristics": heuristics})
+    wide = Console(highlight=False, width=max(console.width, 170))
+    wide.print(_table(rows, "optpipe compile on the generated grid against the best fitting heuristic"))
+    totals = grid_summary(rows)
+    pct = _pct
+    for limit, t in totals.items():
+        cut = pct(t["mean_idle_cut_where_heuristic_1pct_above_bound"])
+        console.print(f"{limit} s: within 2% of the bound {pct(t['within_2_percent'])} (target 80%), within 5% "
+                      f"{pct(t['within_5_percent'])} (target 90%), mean gap {pct(t['mean_gap'])}, mean idle cut "
+                      f"where the heuristic is >1% above the bound {cut} (target 50%), never worse than the best "
+                      f"heuristic: "
+                      f"{'yes' if t['never_worse_than_heuristic'] else 'NO'}")
+    save("solver_quality_grid", rows, time_limits_s=time_limits, seed=seed, summary=totals)
+    return rows
 
 
 def summary(rows: list[dict]) -> dict:
@@ -103,9 +170,10 @@ def run(time_limit_s: float = 60.0, seed: int = 0) -> list[dict]:
     rows = []
     for path in _paths():
         console.print(f"[dim]{path.stem}: solving for up to {time_limit_s:g} s ...[/]")
-        rows.append(_row(path, time_limit_s, seed))
-    wide = Console(highlight=False, width=max(console.width, 150))  # the table has nine columns
-    wide.print(_table(rows, time_limit_s))
+        rows.append(_row(load_problem(path), time_limit_s, seed))
+    wide = Console(highlight=False, width=max(console.width, 170))  # the table has ten columns
+    title = f"optpipe compile (cpsat) against the best fitting heuristic, {time_limit_s:g} s per instance"
+    wide.print(_table(rows, title))
     totals = summary(rows)
     mean = totals["mean_idle_cut_offload_le8"]
     console.print(f"never worse than the best fitting heuristic: {'yes' if totals['never_worse_than_heuristic'] else 'NO'}; "
@@ -120,8 +188,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.solver_quality", description=__doc__.split("\n")[0])
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds per instance (default 60)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--grid", action="store_true", help="run the generated grid instead of the instances")
+    parser.add_argument("--time-limits", default="10,30,60", metavar="S,S,...",
+                        help="with --grid: seconds per problem, one run each (default 10,30,60)")
+    parser.add_argument("--large", action="store_true", help="with --grid: add the p = 32, m = 256 problem")
     args = parser.parse_args(argv)
-    run(args.time_limit, args.seed)
+    if args.grid:
+        run_grid([float(x) for x in args.time_limits.split(",") if x], args.seed, args.large)
+    else:
+        run(args.time_limit, args.seed)
 
 
 if __name__ == "__main__":

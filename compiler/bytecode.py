@@ -223,7 +223,10 @@ def _range(offset: int, what: str, value: int, low: int, high: int) -> None:
 
 
 def write_plan(path: str | Path, program: Program) -> None:
-    Path(path).write_bytes(encode(program))
+    """Encode, then replace ``path`` atomically: readers see the old plan or the new one, never a torn one."""
+    from .files import write_atomic
+
+    write_atomic(path, encode(program), "plan file")
 
 
 def read_plan(path: str | Path) -> Program:

@@ -22,11 +22,12 @@ Layers are split evenly over stages (the first stages take one more when it does
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from .errors import ProblemError
-from .problem import Costs, Memory, Pipeline, check_keys
-from .units import parse_bandwidth, parse_size
+from .errors import ProblemError, shown
+from .problem import MAX_MILLISECONDS, Costs, Memory, Pipeline, check_keys
+from .units import MAX_SIZE, format_size, parse_bandwidth, parse_size
 
 __all__ = ["ModelSpec", "HardwareSpec", "HARDWARE_PRESETS", "derive", "layers_per_stage", "stage_figures"]
 
@@ -62,10 +63,20 @@ _MODEL_KEYS = {"layers", "hidden", "heads", "seq_len", "micro_batch_size", "voca
 _HARDWARE_KEYS = {"preset", "tflops", "memory", "pcie_bandwidth", "p2p_bandwidth", "mfu", "reserve"}
 
 
+# Far beyond any model trained today; past them a value is a typo, and the FLOP and byte counts
+# would overflow into infinite times and sizes.
+_MODEL_LIMITS = {"layers": 100_000, "hidden": 2**20, "heads": 2**16, "seq_len": 2**24, "micro_batch_size": 2**16,
+                 "vocab": 2**24}
+_HARDWARE_LIMITS = {"tflops": 1e6, "mfu": 1.0}  # a million TFLOPS per device; MFU is a fraction
+
+
 def _int(table: dict, key: str) -> int:
     value = table.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ProblemError(f"model.{key}: expected a positive integer, got {value!r}")
+        raise ProblemError(f"model.{key}: expected a positive integer, got {shown(value)}")
+    if value > _MODEL_LIMITS[key]:
+        raise ProblemError(f"model.{key}: {shown(value)} is more than {_MODEL_LIMITS[key]:,}; "
+                           f"give the model's real size")
     return value
 
 
@@ -73,7 +84,7 @@ def _model(table: dict) -> ModelSpec:
     check_keys(table, _MODEL_KEYS, "model")
     flash = table.get("flash_attention", False)
     if not isinstance(flash, bool):
-        raise ProblemError(f"model.flash_attention: expected true or false, got {flash!r}")
+        raise ProblemError(f"model.flash_attention: expected true or false, got {shown(flash)}")
     sizes = (_int(table, key) for key in ("layers", "hidden", "heads", "seq_len", "micro_batch_size", "vocab"))
     spec = ModelSpec(*sizes, flash_attention=flash)
     if spec.hidden % spec.heads:
@@ -85,15 +96,24 @@ def _hardware(table: dict) -> HardwareSpec:
     check_keys(table, _HARDWARE_KEYS, "hardware")
     base = None
     if "preset" in table:
-        base = HARDWARE_PRESETS.get(table["preset"])
+        base = HARDWARE_PRESETS.get(table["preset"]) if isinstance(table["preset"], str) else None
         if base is None:
-            raise ProblemError(f"hardware.preset: unknown preset {table['preset']!r}; known presets: "
+            raise ProblemError(f"hardware.preset: unknown preset {shown(table['preset'])}; known presets: "
                                f"{', '.join(HARDWARE_PRESETS)} (or give tflops, memory and pcie_bandwidth)")
     def number(key: str, fallback):
         if key in table:
             value = table[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ProblemError(f"hardware.{key}: expected a positive number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ProblemError(f"hardware.{key}: expected a positive number, got {shown(value)}")
+            if isinstance(value, int) and value.bit_length() > 64:
+                raise ProblemError(f"hardware.{key}: an integer of {value.bit_length()} bits is more than "
+                                   f"{_HARDWARE_LIMITS[key]:g}; give a finite positive number")
+            if not math.isfinite(value) or value <= 0:
+                raise ProblemError(f"hardware.{key}: expected a finite number greater than zero, got {value!r}")
+            if value > _HARDWARE_LIMITS[key]:
+                raise ProblemError(f"hardware.{key}: {value!r} is more than {_HARDWARE_LIMITS[key]:g}"
+                                   + ("; MFU is a fraction of peak, between 0 and 1" if key == "mfu" else
+                                      "; give the device's dense fp16/bf16 TFLOPS, such as 989"))
             return float(value)
         if fallback is None:
             raise ProblemError(f"hardware.{key}: missing; give it or a preset ({', '.join(HARDWARE_PRESETS)})")
@@ -101,8 +121,6 @@ def _hardware(table: dict) -> HardwareSpec:
 
     tflops = number("tflops", base.tflops if base else None)
     mfu = number("mfu", base.mfu if base else 0.4)
-    if mfu > 1:
-        raise ProblemError(f"hardware.mfu: a fraction of peak between 0 and 1, got {mfu}")
     memory = parse_size(table["memory"], "hardware.memory") if "memory" in table else (base.memory if base else None)
     if memory is None:
         raise ProblemError(f'hardware.memory: missing; give it like "80GiB" or a preset ({", ".join(HARDWARE_PRESETS)})')
@@ -178,4 +196,21 @@ def derive(model_table: dict, hardware_table: dict, pipeline: Pipeline) -> tuple
             f"use more devices or a larger device"
         )
     memory = Memory(tuple(f.activation for f in figures), tuple(f.weight_activation for f in figures), budget)
+    _check_derived(costs, memory)
     return costs, memory, hw.pcie_bandwidth
+
+
+def _check_derived(costs: Costs, memory: Memory) -> None:
+    """Derived numbers obey the same ranges as those written in [costs] and [memory]."""
+    for key in ("forward", "backward_input", "backward_weight"):
+        for stage, ms in enumerate(getattr(costs, key)):
+            if not ms > 0:
+                raise ProblemError(f"[model]: stage {stage}'s {key} time rounds to 0 ms on this hardware; "
+                                   f"check hardware.tflops and hardware.mfu (or give [costs] directly)")
+            if ms > MAX_MILLISECONDS:
+                raise ProblemError(f"[model]: stage {stage}'s {key} time is {ms:.3g} ms, more than "
+                                   f"{MAX_MILLISECONDS:.0e} ms; check the [model] sizes and hardware.tflops")
+    largest = max(memory.activation)
+    if largest > MAX_SIZE:
+        raise ProblemError(f"[model]: one stage's activation would be {format_size(largest)}, more than 1EiB; "
+                           f"check model.seq_len, micro_batch_size and hidden")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .bytecode import FORMAT_VERSION
-from .errors import PlanError
+from .errors import PlanError, printable
 from .problem import Problem
 from .program import NO_PEER, SENDS, Instruction, Opcode, PlanHeader, Program
 from .units import format_size
@@ -98,10 +98,10 @@ def _summary(program: Program, problem: Problem | None) -> list[str]:
         from .lower import problem_hash
 
         same = problem_hash(problem) == h.problem_hash
-        digest += f"  (matches {problem.name!r})" if same else "  (DIFFERS from the given problem)"
+        digest += f"  (matches {printable(repr(problem.name))})" if same else "  (DIFFERS from the given problem)"
     return [
         f"optpipe plan, format {FORMAT_VERSION}",
-        f"  schedule       {h.schedule_name}",
+        f"  schedule       {printable(h.schedule_name)}",  # a name from a file: no raw control characters
         f"  shape          {_count(h.world_size, 'rank')}, {_count(h.stages, 'stage')} ({h.chunks} per rank), "
         f"{_count(h.microbatches, 'microbatch', 'microbatches')}",
         f"  stage -> rank  {mapping}",

@@ -9,6 +9,11 @@ from __future__ import annotations
 __all__ = [
     "OptpipeError",
     "ProblemError",
+    "BudgetTooSmall",
+    "EXIT_OK",
+    "EXIT_ERROR",
+    "EXIT_NO_FIT",
+    "EXIT_USAGE",
     "ScheduleError",
     "NotApplicable",
     "SolverError",
@@ -16,6 +21,13 @@ __all__ = [
     "PlanError",
     "InternalError",
 ]
+
+
+# Exit codes, the same for every command (README "Exit codes", `optpipe --help`).
+EXIT_OK = 0  # done
+EXIT_ERROR = 1  # an error the message explains: a bad file or value, a damaged plan, an unwritable path
+EXIT_NO_FIT = 2  # no schedule fits the memory budget (or the budget is below one activation)
+EXIT_USAGE = 64  # the command line itself is wrong: unknown option, missing or malformed argument (BSD EX_USAGE)
 
 
 class OptpipeError(Exception):
@@ -26,6 +38,12 @@ class OptpipeError(Exception):
 
 class ProblemError(OptpipeError):
     """A problem file (or a problem built in code) is malformed or inconsistent."""
+
+
+class BudgetTooSmall(ProblemError):
+    """The budget is below one stage's activation: no schedule can fit, so the exit code is 2."""
+
+    exit_code = 2
 
 
 class ScheduleError(OptpipeError):
@@ -64,3 +82,18 @@ class InternalError(SolverError):
 
     def __init__(self, message: str):
         super().__init__(f"internal: {message}; please report this problem")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (from a file, schedule or problem name) escaped; newlines kept."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)
+
+
+def shown(value: object) -> str:
+    """A user's value for a message: ``repr``, but one short line for a 5,000-digit integer or a huge string."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text):,} characters)"

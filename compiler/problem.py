@@ -14,7 +14,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .errors import ProblemError
+from .errors import BudgetTooSmall, ProblemError
+from .errors import shown as _shown
 from .files import read_text
 from .units import format_bandwidth, format_size, parse_bandwidth, parse_size
 
@@ -30,7 +31,21 @@ __all__ = [
     "problem_from_dict",
     "dump_problem",
     "dumps_problem",
+    "MAX_DEVICES",
+    "MAX_STAGES",
+    "MAX_MICROBATCHES",
+    "MAX_MILLISECONDS",
+    "MIN_MILLISECONDS",
 ]
+
+# The plan file holds world size, stage count and microbatch count in 16 bits (0xFFFF means
+# "none"), so a problem beyond these could never become a plan; larger values are typos.
+MAX_DEVICES = 65534
+MAX_STAGES = 65534
+MAX_MICROBATCHES = 65534
+MAX_MILLISECONDS = 1e9  # one op longer than eleven days is a unit mistake, and sums of such overflow
+MIN_MILLISECONDS = 1e-6  # a compute op shorter than a nanosecond is below the simulator's time resolution
+MAX_NAME = 200  # characters
 
 
 class Placement(str, Enum):
@@ -58,7 +73,13 @@ class Pipeline:
         return stage % p
 
     def stages_on(self, device: int) -> tuple[int, ...]:
-        return tuple(s for s in range(self.stages) if self.device_of(s) == device)
+        """The stages on ``device`` in increasing order; O(chunks_per_device), not O(stages)."""
+        p = self.devices
+        if not 0 <= device < p:
+            return ()
+        if self.placement is Placement.VSHAPE:
+            return (device, 2 * p - 1 - device)
+        return tuple(range(device, self.stages, p))
 
     def chunk_of(self, stage: int) -> int:
         """Index of the stage among its device's stages (0 for the first model chunk)."""
@@ -157,23 +178,34 @@ def _table(data: dict, key: str, required: bool) -> dict:
     return value
 
 
-def _positive_int(table: dict, key: str, where: str, default: int | None = None) -> int:
+def _positive_int(table: dict, key: str, where: str, default: int | None = None, limit: int | None = None,
+                  why: str = "") -> int:
     value = table.get(key, default)
     if value is None:
         raise ProblemError(f"{where}.{key}: missing; expected a positive integer")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ProblemError(f"{where}.{key}: expected a positive integer, got {value!r}")
+        raise ProblemError(f"{where}.{key}: expected a positive integer, got {_shown(value)}")
     if value <= 0:
-        raise ProblemError(f"{where}.{key}: must be greater than zero, got {value}")
+        raise ProblemError(f"{where}.{key}: must be greater than zero, got {_shown(value)}")
+    if limit is not None and value > limit:
+        raise ProblemError(f"{where}.{key}: {_shown(value)} is more than {limit:,}{why}; give at most {limit}")
     return value
 
 
 def _milliseconds(value: Any, key: str, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProblemError(f"{key}: expected a number of milliseconds like 18.5, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ProblemError(f"{key}: expected a number of milliseconds like 18.5, got {_shown(value)}")
+    if isinstance(value, int) and abs(value) > MAX_MILLISECONDS:
+        value = float("inf") if value > 0 else float("-inf")  # past the limit either way; float() would overflow
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
         bound = "zero or more" if allow_zero else "greater than zero"
-        raise ProblemError(f"{key}: must be {bound} (milliseconds), got {value!r}")
+        raise ProblemError(f"{key}: must be {bound} (milliseconds), got {_shown(value)}")
+    if value > MAX_MILLISECONDS:
+        raise ProblemError(f"{key}: {_shown(value)} ms is more than {MAX_MILLISECONDS:.0e} ms (eleven days) for one "
+                           f"op; give a finite time in milliseconds such as 18.5")
+    if not allow_zero and value < MIN_MILLISECONDS:
+        raise ProblemError(f"{key}: {_shown(value)} ms is less than a nanosecond ({MIN_MILLISECONDS:g} ms), below what "
+                           f"the simulator resolves; give the time in milliseconds, such as 18.5")
     return float(value)
 
 
@@ -192,15 +224,19 @@ def _per_stage(value: Any, key: str, stages: int, parse) -> tuple:
 def _pipeline(data: dict) -> Pipeline:
     table = _table(data, "pipeline", required=True)
     check_keys(table, _PIPELINE_KEYS, "pipeline")
-    devices = _positive_int(table, "devices", "pipeline")
-    chunks = _positive_int(table, "chunks_per_device", "pipeline", default=1)
-    microbatches = _positive_int(table, "microbatches", "pipeline")
+    plan = ", the most a plan file can hold"
+    devices = _positive_int(table, "devices", "pipeline", limit=MAX_DEVICES, why=plan)
+    chunks = _positive_int(table, "chunks_per_device", "pipeline", default=1, limit=MAX_STAGES, why=plan)
+    microbatches = _positive_int(table, "microbatches", "pipeline", limit=MAX_MICROBATCHES, why=plan)
+    if devices * chunks > MAX_STAGES:
+        raise ProblemError(f"pipeline: {devices} devices x {chunks} chunks_per_device = {devices * chunks:,} stages, "
+                           f"more than {MAX_STAGES:,}{plan}; use fewer devices or chunks")
     raw = table.get("placement", "interleaved")
     try:
         placement = Placement(raw)
     except ValueError:
         options = ", ".join(f'"{p.value}"' for p in Placement)
-        raise ProblemError(f"pipeline.placement: expected one of {options}, got {raw!r}") from None
+        raise ProblemError(f"pipeline.placement: expected one of {options}, got {_shown(raw)}") from None
     if placement is Placement.VSHAPE and chunks != 2:
         raise ProblemError(
             f'pipeline.placement: "vshape" needs chunks_per_device = 2, got {chunks}; '
@@ -224,6 +260,12 @@ def _costs(table: dict, stages: int) -> Costs:
 
 def _memory(table: dict, stages: int, derived: Memory | None = None) -> Memory:
     check_keys(table, _MEMORY_KEYS, "memory")
+    if derived is not None:
+        for key in ("activation", "weight_activation"):
+            if key in table:
+                raise ProblemError(f"memory.{key}: [model] derives the activation sizes, so this key would be ignored; "
+                                   f"remove it (only memory.budget may override the model), or give [costs] and "
+                                   f"[memory] instead of [model] and [hardware]")
     if derived is None:
         for key in ("activation", "weight_activation", "budget"):
             if key not in table:
@@ -248,7 +290,7 @@ def _offload(data: dict) -> Offload:
     check_keys(table, _OFFLOAD_KEYS, "offload")
     enabled = table.get("enabled", bool(table))
     if not isinstance(enabled, bool):
-        raise ProblemError(f"offload.enabled: expected true or false, got {enabled!r}")
+        raise ProblemError(f"offload.enabled: expected true or false, got {_shown(enabled)}")
     if not enabled:
         return Offload()
     for key in ("d2h_bandwidth", "h2d_bandwidth"):
@@ -270,7 +312,12 @@ def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
     check_keys(data, _TOP_KEYS, "")
     name = data.get("name", default_name)
     if not isinstance(name, str) or not name:
-        raise ProblemError(f"name: expected a non-empty string, got {name!r}")
+        raise ProblemError(f"name: expected a non-empty string, got {_shown(name)}")
+    if len(name) > MAX_NAME:
+        raise ProblemError(f"name: {len(name):,} characters, more than {MAX_NAME}; give a short name")
+    if not name.isprintable():
+        bad = next(c for c in name if not c.isprintable())
+        raise ProblemError(f"name: contains the control character {bad!r}; use printable text, e.g. {'zb-1.5b-p8'!r}")
     pipeline = _pipeline(data)
     model, hardware = data.get("model"), data.get("hardware")
     if model is not None or hardware is not None:
@@ -294,7 +341,7 @@ def problem_from_dict(data: dict, default_name: str = "problem") -> Problem:
         offload = _offload(data)
     largest = max(memory.activation)
     if memory.budget < largest:
-        raise ProblemError(
+        raise BudgetTooSmall(
             f"memory.budget: {format_size(memory.budget)} is below one stage's activation "
             f"({format_size(largest)}), so not even one microbatch can run; raise the budget to at least "
             f"{format_size(largest)}"
@@ -307,16 +354,20 @@ def loads_problem(text: str, default_name: str = "problem") -> Problem:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ProblemError(f"not valid TOML: {error}") from None
+    except RecursionError:
+        raise ProblemError("not a problem file: its arrays or tables nest too deeply to read") from None
+    except ValueError as error:  # an integer of more than 4,300 digits
+        raise ProblemError(f"not a problem file: {str(error).split(';')[0]}") from None
     return problem_from_dict(data, default_name)
 
 
 def load_problem(path: str | Path) -> Problem:
     path = Path(path)
-    text = read_text(path, "problem file", ProblemError)
+    text = read_text(path, "problem file", ProblemError, limit=64 << 20)
     try:
         return loads_problem(text, default_name=path.stem)
     except ProblemError as error:
-        raise ProblemError(f"{path}: {error}") from None
+        raise type(error)(f"{path}: {error}") from None
 
 
 # --------------------------------------------------------------------------- writing
@@ -374,4 +425,6 @@ def _quote(text: str) -> str:
 
 
 def dump_problem(problem: Problem, path: str | Path) -> None:
-    Path(path).write_text(dumps_problem(problem))
+    from .files import write_atomic
+
+    write_atomic(path, dumps_problem(problem), "problem file")

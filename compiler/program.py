@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import cached_property
 from typing import NamedTuple
 
 __all__ = [
@@ -97,7 +98,18 @@ class PlanHeader:
         return len(self.stage_ranks)
 
     def stages_on(self, rank: int) -> tuple[int, ...]:
-        return tuple(s for s, r in enumerate(self.stage_ranks) if r == rank)
+        """The stages on ``rank`` in increasing order; one pass over the map for all ranks, then O(1)."""
+        return self._stages_by_rank.get(rank, ())
+
+    @cached_property
+    def _stages_by_rank(self) -> dict[int, tuple[int, ...]]:
+        # Built once: disasm and verify ask for every rank, and a 65,534-rank plan made the
+        # per-call scan quadratic. cached_property writes the instance __dict__, which a frozen
+        # dataclass allows; the map is derived data, not a field, so equality is unchanged.
+        index: dict[int, list[int]] = {}
+        for stage, rank in enumerate(self.stage_ranks):
+            index.setdefault(rank, []).append(stage)
+        return {rank: tuple(stages) for rank, stages in index.items()}
 
 
 @dataclass(frozen=True)

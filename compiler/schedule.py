@@ -58,7 +58,10 @@ _MNEMONIC = {
 _BY_MNEMONIC = {text: kind for kind, text in _MNEMONIC.items()}
 COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.W, OpKind.BW})
 TRANSFER_KINDS = frozenset({OpKind.OFFLOAD, OpKind.RELOAD})
-_OP_TEXT = re.compile(r"^(F|B|W|BW|OFF|REL)(\d+):(\d+)$")
+# Stage and microbatch have at most 9 digits: more can never name a stage or microbatch of a
+# problem (plan files stop at 65,534) and would only cost time converting 5,000-digit numbers.
+_OP_TEXT = re.compile(r"^(F|B|W|BW|OFF|REL)(\d{1,9}):(\d{1,9})$")
+MAX_OPS = 10_000_000  # in one schedule file: far beyond any problem that simulate takes (2^19 pairs)
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -76,10 +79,11 @@ class Op:
 
 
 def parse_op(text: str) -> Op:
-    match = _OP_TEXT.match(text.strip())
+    match = _OP_TEXT.match(text.strip()) if len(text) <= 40 else None
     if not match:
+        shown = repr(text) if len(text) <= 40 else repr(text[:30]) + f"... ({len(text)} characters)"
         raise ScheduleError(
-            f"cannot parse op {text!r}: expected KIND STAGE ':' MICROBATCH such as 'F3:0', "
+            f"cannot parse op {shown}: expected KIND STAGE ':' MICROBATCH such as 'F3:0', "
             f"with KIND one of {', '.join(_BY_MNEMONIC)}"
         )
     return Op(_BY_MNEMONIC[match.group(1)], int(match.group(2)), int(match.group(3)))
@@ -149,14 +153,21 @@ class Schedule:
         if not isinstance(data, dict) or data.get("format") != "optpipe-schedule":
             raise ScheduleError('not a schedule: expected a JSON object with "format": "optpipe-schedule"')
         if data.get("version") != 1:
-            raise ScheduleError(f"schedule format version {data.get('version')!r} is not supported (expected 1)")
+            raise ScheduleError(f"schedule format version {_short_json(data.get('version'))} is not supported "
+                                f"(expected 1)")
         name, devices = data.get("name"), data.get("devices")
         if not isinstance(name, str) or not isinstance(devices, list) or not all(isinstance(d, list) for d in devices):
             raise ScheduleError('schedule: expected "name" (a string) and "devices" (a list of lists of ops)')
+        if len(devices) > 65534:
+            raise ScheduleError(f'schedule: "devices" has {len(devices):,} entries; a plan holds at most 65,534 ranks')
+        total = sum(len(ops) for ops in devices)
+        if total > MAX_OPS:
+            raise ScheduleError(f"schedule: {total:,} ops, more than {MAX_OPS:,}; no problem optpipe can simulate "
+                                f"is that large")
         rows = []
         for device, ops in enumerate(devices):
             try:
-                rows.append(tuple(parse_op(str(text)) for text in ops))
+                rows.append(tuple(parse_op(text if isinstance(text, str) else _short_json(text)) for text in ops))
             except ScheduleError as error:
                 raise ScheduleError(f"devices[{device}]: {error}") from None
         return Schedule(name, tuple(rows))
@@ -164,16 +175,34 @@ class Schedule:
 
 def load_schedule(path: str | Path) -> Schedule:
     path = Path(path)
-    text = read_text(path, "schedule file", ScheduleError)
+    text = read_text(path, "schedule file", ScheduleError, limit=256 << 20)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as error:
         raise ScheduleError(f"{path}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise ScheduleError(f"{path}: not a schedule: its JSON nests too deeply to read") from None
+    except ValueError as error:  # an integer of more than 4,300 digits, or NaN/Infinity
+        raise ScheduleError(f"{path}: not a schedule: {str(error).split(';')[0]}") from None
     try:
         return Schedule.from_json(data)
     except ScheduleError as error:
         raise ScheduleError(f"{path}: {error}") from None
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _short_json(value: object) -> str:
+    """A non-string op entry as text for the error message, without converting huge integers."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<an integer of {value.bit_length()} bits>"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:30] + "..."
+
+
 def dump_schedule(schedule: Schedule, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(schedule.to_json(), indent=1) + "\n")
+    from .files import write_atomic
+
+    write_atomic(path, json.dumps(schedule.to_json(), indent=1) + "\n", "schedule file")

@@ -24,7 +24,10 @@ TORCH_KIND = {OpKind.F: "F", OpKind.B: "I", OpKind.W: "W", OpKind.BW: "B"}
 _OUR_KIND = {text: kind for kind, text in TORCH_KIND.items()}
 SKIPPED_ACTIONS = frozenset({"REDUCE_GRAD", "UNSHARD", "RESHARD"})
 _COMMUNICATION = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B"})
-_ACTION = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
+# At most 9 digits: a larger number names no stage or microbatch (plans stop at 65,534) and a
+# 5,000-digit one would only be slow to convert.
+_ACTION = re.compile(r"(\d{1,9})(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d{0,9})")
+_MAX_CELL = 200  # characters: an OVERLAP_F_B cell of a few actions; longer is not an action
 _OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 
 
@@ -39,7 +42,11 @@ def schedule_to_torch_csv(schedule: Schedule) -> str:
 
 def schedule_from_torch_csv(text: str, problem: Problem, name: str = "torch-csv") -> Schedule:
     """The schedule in a compute-only CSV, checked cell by cell against the problem's shape."""
-    rows = list(csv.reader(io.StringIO(text)))
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as error:  # a field over the csv module's limit, a NUL byte
+        raise ScheduleError(f"not a schedule CSV: {error}; expected one row of short actions such as '2F0' per rank") \
+            from None
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()
     pipe = problem.pipeline
@@ -62,12 +69,15 @@ def schedule_from_torch_csv(text: str, problem: Problem, name: str = "torch-csv"
     return Schedule.of(name, devices)
 
 
-def _parse_cell(cell: str, where: str) -> list[Op]:
+def _parse_cell(cell: str, where: str, nested: bool = False) -> list[Op]:
     if not cell:
         return []
-    overlap = _OVERLAP.fullmatch(cell)
+    if len(cell) > _MAX_CELL:
+        raise ScheduleError(f"{where}: cannot read {cell[:30]!r}... ({len(cell):,} characters): expected one action "
+                            f"such as '2F0' or '1I3', or a few in '(a;b)OVERLAP_F_B'")
+    overlap = None if nested else _OVERLAP.fullmatch(cell)
     if overlap:
-        return [op for part in overlap.group(1).split(";") for op in _parse_cell(part.strip(), where)]
+        return [op for part in overlap.group(1).split(";") for op in _parse_cell(part.strip(), where, nested=True)]
     match = _ACTION.fullmatch(cell)
     if not match:
         raise ScheduleError(f"{where}: cannot read {cell!r}: expected STAGE KIND MICROBATCH such as '2F0' or '1I3', "

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 
-__all__ = ["parse_size", "parse_bandwidth", "format_size", "format_bandwidth"]
+from .errors import shown as _shown
+
+__all__ = ["MAX_SIZE", "parse_size", "parse_bandwidth", "format_size", "format_bandwidth"]
 
 _SIZE_UNITS = {
     "": 1,
@@ -21,7 +24,16 @@ _SIZE_UNITS = {
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
+# Larger than any device or host memory, link or budget that exists; beyond it a value is a typo
+# (or inf/1e400 by accident) and would only turn into overflowing arithmetic downstream.
+MAX_SIZE = 2**60  # 1 EiB
+_MAX_SIZE_TEXT = "1EiB"
+_MAX_TEXT = 64  # characters in a size string; longer is not a size (and would only slow the parser)
+
+
 def _split(text: str) -> tuple[float, str] | None:
+    if len(text) > _MAX_TEXT:
+        return None
     match = _NUMBER_UNIT.match(text)
     if not match:
         return None
@@ -33,18 +45,30 @@ def parse_size(value: object, key: str) -> int:
     from .errors import ProblemError
 
     if isinstance(value, bool):
-        raise ProblemError(f'{key}: expected a size like "9GiB" or a number of bytes, got {value!r}')
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
+        raise ProblemError(f'{key}: expected a size like "9GiB" or a number of bytes, got {_shown(value)}')
+    if isinstance(value, int):
+        if value > MAX_SIZE:
+            raise ProblemError(f"{key}: {_shown(value)} bytes is more than {_MAX_SIZE_TEXT}; "
+                               f'give a real size such as "9GiB"')
+        if value <= 0:
+            raise ProblemError(f"{key}: must be greater than zero (at least one byte), got {_shown(value)}")
+        return value
+    elif isinstance(value, float):
+        number, unit = value, ""
     elif isinstance(value, str) and (parsed := _split(value)) and parsed[1] in _SIZE_UNITS:
         number, unit = parsed
     else:
         raise ProblemError(
-            f'{key}: expected a size like "9GiB" (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {value!r}'
+            f'{key}: expected a size like "9GiB" (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {_shown(value)}'
         )
+    if not math.isfinite(number):
+        raise ProblemError(f'{key}: expected a finite size like "9GiB", got {_shown(value)}')
+    if number * _SIZE_UNITS[unit] > MAX_SIZE:
+        raise ProblemError(f"{key}: {_shown(value)} is more than {_MAX_SIZE_TEXT}; "
+                           f'give a real size such as "9GiB"')
     size = round(number * _SIZE_UNITS[unit])
     if size <= 0:
-        raise ProblemError(f"{key}: must be greater than zero, got {value!r}")
+        raise ProblemError(f"{key}: must be greater than zero (at least one byte), got {_shown(value)}")
     return size
 
 
@@ -52,14 +76,15 @@ def parse_bandwidth(value: object, key: str) -> float:
     """Bytes per second from a string such as "24GB/s" or "12GiB/s", or a number of bytes/s."""
     from .errors import ProblemError
 
+    expected = f'{key}: expected a bandwidth like "24GB/s" (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB per second)'
     if isinstance(value, str):
         text = value.strip()
-        if not text.lower().endswith("/s"):
-            raise ProblemError(f'{key}: expected a bandwidth like "24GB/s", got {value!r}')
+        if not text.lower().endswith("/s") or not (parsed := _split(text[:-2])) or parsed[1] not in _SIZE_UNITS:
+            raise ProblemError(f"{expected}, got {_shown(value)}")
         return float(parse_size(text[:-2], key))
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(parse_size(value, key))
-    raise ProblemError(f'{key}: expected a bandwidth like "24GB/s", got {value!r}')
+    raise ProblemError(f"{expected}, got {_shown(value)}")
 
 
 def format_size(size: float) -> str:

@@ -9,15 +9,15 @@ from __future__ import annotations
 import argparse
 import math
 
-from optpipe.compiler.errors import OptpipeError
+from optpipe.compiler.errors import EXIT_USAGE, OptpipeError
 
 __all__ = ["UsageError", "add_train_arguments", "check", "LineParser", "to_argv"]
 
 
 class UsageError(OptpipeError):
-    """A bad command-line option (argparse's exit code)."""
+    """A bad command-line option: the same exit code as every optpipe command's usage errors."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class LineParser(argparse.ArgumentParser):

@@ -8,10 +8,14 @@ Makespan: the larger of two arguments, each valid for every schedule the simulat
   path after it). Jackson's preemptive schedule, largest tail first, solves the preemptive
   relaxation exactly; its max(completion + tail) is a bound. This covers per-device work and
   pipeline fill and drain at once.
-- What the budget forces: memory held over time (bytes x ms) is at most budget x makespan.
-  Each activation is held at least from F's start to B's end (its round trip through the
-  later stages) plus its weight part until W ends, or, offloaded, for F plus the offload and
-  the reload plus B. The smaller of the two per activation, summed, over the budget.
+- What the budget and the host link force: memory a device holds over time (bytes x ms) is at
+  most budget x (makespan - the earliest its first forward can start). Each activation is held
+  at least from F's start to B's end (its round trip through the later stages) plus its weight
+  part until W ends, or, offloaded, for F plus the offload and the reload plus B; and the
+  device's offloads (reloads) run one at a time on its D2H (H2D) channel, so within the
+  makespan only so many can go to the host. The least area for a given makespan (offloading
+  the best savings per ms of link first, fractions allowed) against the room the budget gives
+  meets at the bound (``_area_bound``).
 
 A split backward (B then W) relaxes a fused BW, so bounds computed with B and W apart hold for
 schedules that fuse them.
@@ -145,24 +149,88 @@ def device_lower_bound(problem: Problem, device: int, paths: Paths | None = None
 
 
 def memory_area_bound(problem: Problem, paths: Paths | None = None) -> Bound:
-    """Makespan >= (least bytes x ms any schedule holds on a device) / budget."""
+    """Makespan >= what the budget and the host link force on the busiest device (see ``_area_bound``)."""
     paths = paths or data_paths(problem)
-    pipe, costs, memory = problem.pipeline, problem.costs, problem.memory
-    f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")
-    for device in range(pipe.devices):
-        area = 0.0
-        for s in pipe.stages_on(device):
-            act, keep = memory.activation[s], memory.weight_activation[s]
-            resident = act * (f[s] + paths.gap[s] + b[s])
-            if problem.offload.enabled:
-                resident = min(resident, act * (f[s] + problem.offload_ms(s) + problem.reload_ms(s) + b[s]))
-            area += pipe.microbatches * (resident + keep * w[s])
-        value = area / memory.budget
-        if value > best.value:
-            best = Bound(value, f"device {device} must hold activations for {area / 2**30:,.1f} GiB x ms, "
-                                f"which a budget of {format_size(memory.budget)} spreads over at least {value:,.1f} ms")
+    for device in range(problem.devices):
+        bound = _area_bound(problem, paths, device)
+        if bound.value > best.value:
+            best = bound
     return best
+
+
+def _area_bound(problem: Problem, paths: Paths, device: int) -> Bound:
+    """The least T at which the device's activations fit into budget x (T - head), bytes x ms.
+
+    An activation of stage s held on the device costs at least act x (F + gap + B) bytes x ms,
+    plus keep x W for the part W still needs; offloaded, act x (F + offload + reload + B) + keep x W.
+    Offloading is limited by the host link: the device's offloads run one at a time on its D2H
+    channel and its reloads on its H2D channel, both after the device's first forward ends, so
+    their durations sum to at most T minus the earliest that can be. Relaxing the choice of what to
+    offload to fractions (the best savings per ms of link first) gives the least area for each
+    T, which falls as T grows while the room budget x (T - head) rises; the bound is where they
+    meet, found by bisection. ``head`` is the earliest any forward of the device can start. Each
+    channel gives a bound on its own; the larger holds.
+    """
+    pipe, costs, memory, offload = problem.pipeline, problem.costs, problem.memory, problem.offload
+    f, b, w = costs.forward, costs.backward_input, costs.backward_weight
+    m, budget = pipe.microbatches, memory.budget
+    stages = pipe.stages_on(device)
+    head = min(paths.head[(_F, s)] for s in stages)
+    first_end = min(paths.head[(_F, s)] + f[s] for s in stages)  # no transfer starts before
+    resident = 0.0
+    # per stage that gains by offloading: (saving per ms of D2H, per ms of H2D, D2H ms, H2D ms, saving, count)
+    savings: list[tuple[float, float, float, float, float, int]] = []
+    for s in stages:
+        act, keep = memory.activation[s], memory.weight_activation[s]
+        held = act * (f[s] + paths.gap[s] + b[s])
+        resident += m * (held + keep * w[s])
+        if offload.enabled:
+            out, back = problem.offload_ms(s), problem.reload_ms(s)
+            saved = held - act * (f[s] + out + back + b[s])
+            if saved > 0:
+                savings.append((saved / out, saved / back, out, back, saved, m))
+    value, why = resident / budget + head, "without offload"
+    if savings:
+        candidates = []
+        for channel in (0, 1):
+            order = sorted(savings, key=lambda item: -item[channel])
+            least = lambda T: _least_area(resident, order, channel, T - first_end)  # noqa: E731
+            candidates.append(_meet(least, budget, head, value))
+        value = max(candidates)
+        why = "with what its host link can move"
+    reason = (f"device {device}: the budget of {format_size(budget)} holds its activations ({why}) "
+              f"only over at least {value:,.1f} ms")
+    return Bound(value, reason)
+
+
+def _least_area(resident: float, order: list, channel: int, link_ms: float) -> float:
+    """Resident area minus the best fractional savings that ``link_ms`` of one channel allows."""
+    area, room = resident, max(0.0, link_ms)
+    for item in order:
+        length, saved, count = item[2 + channel], item[4], item[5]
+        if room <= 0:
+            break
+        take = min(count, room / length)
+        area -= take * saved
+        room -= take * length
+    return area
+
+
+def _meet(least, budget: int, head: float, upper: float) -> float:
+    """The least T in [head, upper] with least(T) <= budget x (T - head), to 1e-9 relative."""
+    low, high = head, upper
+    if least(high) > budget * (high - head):  # cannot happen: at ``upper`` the resident area fits
+        return high
+    for _ in range(100):
+        mid = (low + high) / 2
+        if least(mid) <= budget * (mid - head):
+            high = mid
+        else:
+            low = mid
+        if high - low <= 1e-9 * max(1.0, high):
+            break
+    return low
 
 
 def makespan_lower_bound(problem: Problem) -> Bound:

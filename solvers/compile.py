@@ -2,7 +2,8 @@
 
 1. Judge every heuristic (compare.py); the best that fits is the baseline.
 2. Build warm starts (warmstart.py): heuristics with their activations offloaded often fit
-   where the plain ones do not.
+   where the plain ones do not; the fastest that still overflow are repaired until they fit
+   (repair.py: more offload, fewer forwards in flight where a device overflows).
 3. Run the chosen solver from the best warm start: CP-SAT on the whole problem when it is small,
    the window search (lns.py) otherwise; or the MILP; or return the named heuristic.
 4. Re-simulate the solver's answer: one that breaks a budget, or a solver that fails inside
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -30,6 +32,7 @@ from optpipe.compiler.units import format_size
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
 from .compare import Entry, best_fitting, compare
 from .result import Progress, SolveResult, SolveStatus
+from .repair import repair_candidates
 from .warmstart import Candidate, best_candidate, warm_starts
 
 __all__ = ["SOLVERS", "Compiled", "compile_problem", "exact_model_fits"]
@@ -40,6 +43,9 @@ _EPS = TOLERANCE_MS
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
 _WARM_SHARE = 0.3  # of the time limit, at most, for building warm starts
+_REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
+_REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
+_MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
 
 
@@ -103,6 +109,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     """The fastest fitting schedule the chosen solver finds within the time limit."""
     began = time.monotonic()
     _check_solver(solver)
+    workers = workers or max(2, os.cpu_count() or 1)  # CP-SAT's portfolio needs two workers at least
     report = on_progress or (lambda progress: None)
     bound = makespan_lower_bound(problem)
     entries = compare(problem)
@@ -110,6 +117,10 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     if solver.startswith("heuristic:"):
         return _heuristic(problem, solver, entries, baseline, bound, began)
     candidates = warm_starts(problem, entries, deadline=began + _WARM_SHARE * time_limit_s)
+    now, end = time.monotonic(), began + time_limit_s
+    if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
+        repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
+        candidates += repair_candidates(problem, candidates, deadline=repair_until)
     start = best_candidate(candidates)
     if start is not None:
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))

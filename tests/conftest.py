@@ -31,3 +31,27 @@ def uniform_problem(p: int, m: int, *, v: int = 1, f: float = 1.0, b: float = 1.
 @pytest.fixture(params=INSTANCES, ids=lambda p: p.stem)
 def instance(request) -> Problem:
     return load_problem(request.param)
+
+# A small valid problem file that tests edit one key at a time.
+BASE_PROBLEM = """
+name = "t"
+[pipeline]
+devices = 4
+chunks_per_device = 1
+placement = "interleaved"
+microbatches = 8
+[costs]
+forward = 20
+backward_input = 20
+backward_weight = 20
+p2p = 0.5
+[memory]
+activation = "200MiB"
+weight_activation = "100MiB"
+budget = "1GiB"
+[offload]
+enabled = true
+d2h_bandwidth = "24GB/s"
+h2d_bandwidth = "24GB/s"
+host_budget = "64GiB"
+"""

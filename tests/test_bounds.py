@@ -99,3 +99,72 @@ def test_never_above_any_fitting_schedule(p, v, m, f, b, w, p2p, budget, vshape)
         assert entry.timeline.makespan >= relaxed - 1e-6, entry.name
         if entry.fits:
             assert entry.timeline.makespan >= bound - 1e-6, entry.name
+
+
+# --------------------------------------------------------------------------- the budget and the host link
+
+def _slow_link(p: int, m: int, budget: int, ms_each_way: float, v: int = 1):
+    """F = B = W = 1 ms, activations of 100 bytes (50 kept for W), transfers of ``ms_each_way``."""
+    bandwidth = 100 / ms_each_way * 1e3
+    return uniform_problem(p, m, v=v, act=100, keep=50, budget=budget,
+                           offload=Offload(True, bandwidth, bandwidth, 10**9))
+
+
+def test_a_slow_link_cannot_offload_everything():
+    # p = 8, m = 16, four activations of budget. Device 0 holds an activation for F + 14 ms of
+    # round trip through the later stages + B = 16 ms, or offloaded F + 3 + 3 + B = 8 ms, and its
+    # weight part for W: 16 x 1650 = 26,400 byte-ms resident, 16 x 850 offloaded. Within T the
+    # link (3 ms per offload, starting after the first F) moves at most (T - 1) / 3 of them, each
+    # saving 800: 26,400 - 800 (T - 1) / 3 <= 400 T gives T >= 40, between 34 (a free link) and
+    # 66 (no offload).
+    problem = _slow_link(8, 16, budget=400, ms_each_way=3.0)
+    assert memory_area_bound(problem.without_offload()).value == pytest.approx(66.0)
+    bound = memory_area_bound(problem)
+    assert bound.value == pytest.approx(40.0)
+    assert "host link" in bound.reason
+
+
+def test_the_link_bound_is_never_below_the_old_area_argument():
+    for budget in (100, 150, 250):
+        for ms in (0.5, 1.0, 2.0):
+            problem = _slow_link(3, 6, budget=budget, ms_each_way=ms)
+            old = 0.0  # the per-activation minimum over the budget, the argument before the link was counted
+            paths = data_paths(problem)
+            for device in range(3):
+                area = 0.0
+                for s in problem.pipeline.stages_on(device):
+                    held = min(1 + paths.gap[s] + 1, 1 + 2 * ms + 1) * 100
+                    area += 6 * (held + 50 * 1)
+                old = max(old, area / budget)
+            assert memory_area_bound(problem).value >= old - 1e-9
+
+
+# Tiny problems where memory and the link bind, solved to proven optimality by CP-SAT with the
+# analytic bound taken out of its model (it would otherwise cut off anything below the bound).
+_TINY = [
+    dict(p=2, m=3, budget=100, ms=1.0),
+    dict(p=2, m=4, budget=100, ms=2.0),
+    dict(p=2, m=4, budget=150, ms=1.0),
+    dict(p=3, m=3, budget=100, ms=1.0),
+    dict(p=3, m=3, budget=200, ms=2.0),
+    dict(p=2, m=3, budget=200, ms=1.0, v=2),
+]
+
+
+@pytest.mark.parametrize("case", _TINY, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_never_above_a_proven_optimum(case, monkeypatch):
+    from optpipe.solvers import cpsat
+    from optpipe.solvers.bounds import Bound
+    from optpipe.solvers.result import SolveStatus
+
+    problem = _slow_link(case["p"], case["m"], case["budget"], case["ms"], v=case.get("v", 1))
+    bound = makespan_lower_bound(problem).value
+    monkeypatch.setattr(cpsat, "makespan_lower_bound", lambda problem: Bound(0.0, "none"))
+    result = cpsat.solve_cpsat(problem, time_limit_s=60.0, workers=2, seed=0)
+    assert result.status is SolveStatus.OPTIMAL
+    assert result.timeline.makespan >= bound - 1e-6
+    without = problem.without_offload()
+    if memory_lower_bound(without).value <= without.memory.budget:
+        plain = cpsat.solve_cpsat(without, time_limit_s=60.0, workers=2, seed=0)
+        assert plain.status is SolveStatus.OPTIMAL
+        assert plain.timeline.makespan >= makespan_lower_bound(without).value - 1e-6

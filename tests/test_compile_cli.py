@@ -34,7 +34,7 @@ def _json(capsys) -> dict:
 
 
 def test_json_has_every_key_and_beats_the_baseline(small, capsys):
-    assert main(["compile", str(small), "--time-limit", "10", "--workers", "2", "--json"]) == 0
+    assert main(["compile", str(small), "--time-limit", "120", "--workers", "2", "--json"]) == 0
     out = _json(capsys)
     assert KEYS <= out.keys()
     assert out["solver"] == "cpsat"
@@ -47,7 +47,7 @@ def test_json_has_every_key_and_beats_the_baseline(small, capsys):
 
 
 def test_table_names_the_result_and_the_baseline(small, capsys):
-    assert main(["compile", str(small), "--time-limit", "10", "--workers", "2"]) == 0
+    assert main(["compile", str(small), "--time-limit", "120", "--workers", "2"]) == 0
     out = capsys.readouterr().out
     assert "cpsat (optimal)" in out
     assert "best fitting heuristic" in out
@@ -132,7 +132,7 @@ def test_milp_through_the_same_command(small, capsys):
 
 def test_schedule_and_plan_files(small, tmp_path, capsys):
     schedule_path, plan_path = tmp_path / "s.json", tmp_path / "p.opb"
-    assert main(["compile", str(small), "--time-limit", "10", "--workers", "2", "--json",
+    assert main(["compile", str(small), "--time-limit", "120", "--workers", "2", "--json",
                  "--schedule-out", str(schedule_path), "-o", str(plan_path)]) == 0
     out = _json(capsys)
     from optpipe.compiler.problem import load_problem

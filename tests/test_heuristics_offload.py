@@ -304,3 +304,17 @@ def test_each_generator_simulates_on_every_benchmark_where_it_applies(instance, 
         assert schedule.offloaded
         assert timeline.makespan == pytest.approx(base.makespan)
         assert timeline.peak < base.peak
+
+
+def test_po_h_offloads_half_of_every_devices_chunks_and_reaches_the_papers_ratio_at_v3():
+    """PipeOffload's Table 1 gives PO-H (v+2)/(8v) against interleaved 1F1B's (v+1)/v: 0.156 at v = 3.
+    Choosing the longest-lived half per device (not over all stages, which left the devices in the
+    second half of the pipeline with two chunks each: 0.25) reaches 0.159 when the link keeps up."""
+    p, v, m = 16, 3, 32
+    link = 100 / 0.5e-3  # a one-way copy of an activation takes 0.5 ms: k = 0.5
+    problem = uniform_problem(p, m, v=v, offload=Offload(True, link, link, 10**12))
+    po_h = generate("PO-H", problem)
+    ratio = simulate(problem, po_h).peak / simulate(problem, generate("1F1B-I", problem)).peak
+    assert ratio <= 0.16
+    per_device = {d: {s for s, _ in po_h.offloaded if problem.pipeline.device_of(s) == d} for d in range(p)}
+    assert all(len(stages) == 2 for stages in per_device.values())  # ceil(v/2) of each device's 3 stages

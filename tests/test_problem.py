@@ -8,30 +8,9 @@ from optpipe.compiler.errors import ProblemError
 from optpipe.compiler.problem import Placement, dumps_problem, load_problem, loads_problem
 from optpipe.compiler.units import parse_bandwidth, parse_size
 
-from conftest import INSTANCES
+from conftest import BASE_PROBLEM, INSTANCES
 
-BASE = """
-name = "t"
-[pipeline]
-devices = 4
-chunks_per_device = 1
-placement = "interleaved"
-microbatches = 8
-[costs]
-forward = 20
-backward_input = 20
-backward_weight = 20
-p2p = 0.5
-[memory]
-activation = "200MiB"
-weight_activation = "100MiB"
-budget = "1GiB"
-[offload]
-enabled = true
-d2h_bandwidth = "24GB/s"
-h2d_bandwidth = "24GB/s"
-host_budget = "64GiB"
-"""
+BASE = BASE_PROBLEM
 
 
 def edited(old: str, new: str) -> str:
@@ -124,3 +103,24 @@ def test_vshape_placement_maps_stages_to_a_v():
     problem = loads_problem(edited('placement = "interleaved"', 'placement = "vshape"').replace(
         "chunks_per_device = 1", "chunks_per_device = 2"))
     assert [problem.pipeline.device_of(s) for s in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+
+
+@pytest.mark.parametrize("value, message", [
+    (float("nan"), "finite"), (float("inf"), "finite"), ("1e400GiB", "finite"), ("inf", "expected a size"),
+    (10**5000, "an integer of"), (2**61, "bytes is more than"), ("2EiB", "expected a size"),
+    ("9" * 100, "expected a size"),
+    (0.4, "greater than zero"), (-(10**5000), "greater than zero"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 20 else type(v).__name__)
+def test_sizes_are_finite_and_sane(value, message):
+    with pytest.raises(ProblemError, match=message) as error:
+        parse_size(value, "memory.budget")
+    assert str(error.value).startswith("memory.budget: ") and len(str(error.value)) < 200
+
+
+def test_stages_on_matches_device_of():
+    for text in (BASE, edited('placement = "interleaved"', 'placement = "vshape"').replace(
+            "chunks_per_device = 1", "chunks_per_device = 2"), BASE.replace("chunks_per_device = 1",
+                                                                            "chunks_per_device = 3")):
+        pipe = loads_problem(text.replace('budget = "1GiB"', 'budget = "100GiB"')).pipeline
+        for device in range(-1, pipe.devices + 1):
+            assert pipe.stages_on(device) == tuple(s for s in range(pipe.stages) if pipe.device_of(s) == device)

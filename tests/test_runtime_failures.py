@@ -17,6 +17,7 @@ import pytest
 
 from conftest import uniform_problem
 from optpipe.compiler.bytecode import write_plan
+from optpipe.compiler.errors import EXIT_USAGE
 from optpipe.compiler.lower import lower
 from optpipe.runtime.errors import PipelineAborted
 from optpipe.runtime.launch import LocalRunFailed, run_local
@@ -55,7 +56,7 @@ def _clean(stderr: str) -> list[str]:
 ])
 def test_a_bad_option_is_one_line_before_any_rank_starts(plan, option, value, expected):
     done = _optpipe("train", "--plan", str(plan), option, value)
-    assert done.returncode == 2
+    assert done.returncode == EXIT_USAGE
     assert _clean(done.stderr) == [f"error: {expected}"]
 
 
@@ -66,7 +67,7 @@ def test_the_torchrun_entry_point_says_a_bad_option_in_one_line_per_rank(plan):
                                                    "(see --help)")):
         done = subprocess.run([sys.executable, "-m", "optpipe.runtime.train", "--plan", str(plan), *args],
                               capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
-        assert done.returncode == 2
+        assert done.returncode == EXIT_USAGE
         assert _clean(done.stderr) == [expected]
 
 

@@ -40,9 +40,9 @@ pytestmark = pytest.mark.multirank
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = CONFIGS["tiny"]
 SEED = 0
-HEURISTICS = ["1F1B", "1F1B-I", "ZB-H1", "ZB-H2", "ZBV", "V-Half", "GIS-H", "PO-H", "PO-F"]
+HEURISTICS = ["1F1B", "1F1B-I", "ZB-H1", "ZB-H2", "ZBV", "V-Half", "GIS-H", "PO-H", "PO-F", "ZB-I", "DualPipeV"]
 CHUNKS = {"1F1B": 1, "ZB-H1": 1, "ZB-H2": 1}
-VSHAPE = {"ZBV", "V-Half"}
+VSHAPE = {"ZBV", "V-Half", "DualPipeV"}
 OFFLOADING = {"PO-H", "PO-F", "solver"}
 MICROBATCHES = {2: 4, 4: 8}  # per world size; the solver's problems use 4 to solve in well under a second
 

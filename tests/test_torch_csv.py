@@ -91,9 +91,18 @@ def test_pytorch_1f1b_as_it_runs_is_our_1f1b():
     assert simulate(FLAT, theirs).makespan == simulate(FLAT, ours).makespan
 
 
+EQUAL_COSTS = uniform_problem(4, 8, v=2, name="interleaved-equal")  # F = B = W, p2p = 0: no cost-aware change
+VSHAPE_16 = uniform_problem(4, 16, v=2, placement=Placement.VSHAPE, p2p=0.1, name="vshape-16")
+
+
 @pytest.mark.parametrize("schedule, problem, ours", [
     ("ScheduleInterleaved1F1B", INTERLEAVED, "1F1B-I"),
     ("ScheduleInterleavedZeroBubble", FLAT, "ZB-H1"),
+    ("ScheduleInterleavedZeroBubble", EQUAL_COSTS, "ZB-I"),
+    ("ScheduleInterleavedZeroBubble", uniform_problem(8, 16, v=3, name="p8-v3"), "ZB-I"),
+    ("ScheduleDualPipeV", VSHAPE, "DualPipeV"),
+    ("ScheduleDualPipeV", VSHAPE_16, "DualPipeV"),
+    ("ScheduleDualPipeV", uniform_problem(8, 16, v=2, placement=Placement.VSHAPE, name="v-p8"), "DualPipeV"),
 ])
 def test_pytorch_schedules_match_our_generators(schedule, problem, ours):
     theirs = _imported(schedule, "declared", problem)
@@ -104,9 +113,18 @@ def test_pytorch_schedules_match_our_generators(schedule, problem, ours):
     assert simulate(problem, theirs).makespan == simulate(problem, mine).makespan
 
 
+@pytest.mark.parametrize("name, problem", [("ZB-I", INTERLEAVED), ("DualPipeV", VSHAPE), ("DualPipeV", VSHAPE_16)])
+def test_new_schedules_export_and_import_back_equal(name, problem, tmp_path):
+    """Our CSV of the PyTorch-named schedules reads back as the same schedule, and PyTorch loads it."""
+    ours = generate(name, problem)
+    text = schedule_to_torch_csv(ours)
+    assert schedule_from_torch_csv(text, problem, name=name).devices == ours.devices
+    _pytorch_loads(problem, text, tmp_path)
+
+
 def test_pytorch_interleaved_zero_bubble_and_zbv_import_and_verify():
-    """No generator of ours is the same schedule yet for these two; they still import, verify and simulate,
-    and their split backward fills bubbles that the fused interleaved 1F1B leaves."""
+    """PyTorch's own orders import, verify and simulate, and their split backward fills bubbles that the
+    fused interleaved 1F1B leaves."""
     zb = _imported("ScheduleInterleavedZeroBubble", "declared", INTERLEAVED)
     zbv = _imported("ScheduleZBVZeroBubble", "declared", VSHAPE)
     fused = _imported("ScheduleInterleaved1F1B", "declared", INTERLEAVED)

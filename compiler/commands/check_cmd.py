@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..units import format_bandwidth, format_size
-from .common import add_problem_argument, console, read_problem
+from .common import add_problem_argument, console, markup_safe, read_problem
 
 
 def add_parser(sub) -> None:
@@ -23,7 +23,7 @@ def _per_stage(values, fmt) -> str:
 def run(args) -> int:
     problem = read_problem(args)
     pipe, costs, memory, offload = problem.pipeline, problem.costs, problem.memory, problem.offload
-    table = Table(title=f"{problem.name}: valid", show_header=False)
+    table = Table(title=f"{markup_safe(problem.name)}: valid", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
     ms = lambda v: f"{v:g} ms"  # noqa: E731

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..units import format_size
-from .common import add_budget_argument, add_problem_argument, console, print_json, read_problem
+from .common import (add_budget_argument, add_problem_argument, check_size, console, markup_safe, print_json,
+                     read_problem)
 
 
 def add_parser(sub) -> None:
@@ -20,6 +21,7 @@ def run(args) -> int:
     from optpipe.solvers.compare import compare
 
     problem = read_problem(args)
+    check_size(problem, "compare")
     entries = compare(problem)
     if args.json:
         print_json([entry.to_json() for entry in entries])
@@ -33,12 +35,12 @@ def print_comparison(problem, entries) -> None:
     console.print(comparison_table(problem, entries))
     for entry in entries:
         if not entry.applicable:
-            console.print(f"  [bold]{entry.name}[/] n/a: [dim]{entry.reason}[/]")
+            console.print(f"  [bold]{markup_safe(entry.name)}[/] n/a: [dim]{markup_safe(entry.reason)}[/]")
 
 
 def comparison_table(problem, entries) -> Table:
     budget = problem.memory.budget
-    table = Table(title=f"{problem.name}: {problem.devices} devices, {problem.stages} stages, "
+    table = Table(title=f"{markup_safe(problem.name)}: {problem.devices} devices, {problem.stages} stages, "
                         f"{problem.microbatches} microbatches, budget {format_size(budget)}")
     for column, justify in (("schedule", "left"), ("makespan ms", "right"), ("bubble", "right"),
                             ("peak memory (device)", "right"), ("host peak", "right"), ("fits", "center"), ("note", "left")):

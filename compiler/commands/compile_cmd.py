@@ -18,7 +18,8 @@ from rich.text import Text
 
 from ..errors import InfeasibleError, OptpipeError
 from ..units import format_size
-from .common import add_budget_argument, add_problem_argument, console, print_json, read_problem
+from .common import (SEED, TIME_LIMIT, WORKERS, add_budget_argument, add_problem_argument, check_size, console,
+                     markup_safe, output_path, print_json, read_problem)
 
 
 def add_parser(sub) -> None:
@@ -27,22 +28,26 @@ def add_parser(sub) -> None:
     add_budget_argument(parser)
     parser.add_argument("--solver", default="cpsat", metavar="NAME",
                         help="cpsat (default), milp-highs, milp-cbc, or heuristic:NAME (e.g. heuristic:ZB-H1)")
-    parser.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds for the solver (default 60)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed, for reproducible runs (default 0)")
-    parser.add_argument("--workers", type=int, default=None, metavar="N", help="solver threads (default: all cores)")
-    parser.add_argument("--schedule-out", metavar="FILE.json", help="write the schedule as JSON")
-    parser.add_argument("-o", "--plan-out", metavar="PLAN.opb", help="lower the schedule and write the plan bytecode")
+    parser.add_argument("--time-limit", type=TIME_LIMIT, default=60.0, metavar="S",
+                        help="seconds for the solver (default 60)")
+    parser.add_argument("--seed", type=SEED, default=0,
+                        help="random seed 0..2147483647, for reproducible runs (default 0)")
+    parser.add_argument("--workers", type=WORKERS, default=None, metavar="N",
+                        help="solver threads, 1..1024 (default: all cores)")
+    parser.add_argument("--schedule-out", metavar="FILE.json", type=output_path("--schedule-out"),
+                        help="write the schedule as JSON")
+    parser.add_argument("-o", "--plan-out", metavar="PLAN.opb", type=output_path("-o"),
+                        help="lower the schedule and write the plan bytecode")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
-    if args.time_limit <= 0:
-        raise OptpipeError(f"--time-limit: expected a positive number of seconds, got {args.time_limit:g}")
     if args.plan_out and not _plan_writer_available():
         raise OptpipeError("-o: writing plan files needs optpipe.compiler.lower and optpipe.compiler.bytecode, "
                            "which this installation does not have; use --schedule-out FILE.json instead")
     problem = read_problem(args)
+    check_size(problem, "compile")
     try:
         compiled = compile_live(problem, solver=args.solver, time_limit_s=args.time_limit, seed=args.seed,
                                 workers=args.workers, quiet=args.json or not sys.stdout.isatty())
@@ -69,7 +74,7 @@ def run(args) -> int:
     print_result(compiled)
     for path, what in ((args.schedule_out, "schedule"), (args.plan_out, "plan")):
         if path:
-            console.print(f"  {what} written to {path}")
+            console.print(f"  {what} written to {markup_safe(path)}")
     return 0
 
 
@@ -90,7 +95,8 @@ def print_result(compiled) -> None:
     for warning in compiled.warnings:
         console.print(f"  warning: {warning}")
     if compiled.resolution_ms:
-        console.print(f"  exact model time unit {compiled.resolution_ms:.4g} ms; reported times are the simulator's")
+        console.print(f"  the exact model counted time in units of {compiled.resolution_ms:.4g} ms; "
+                      f"every reported time is the simulator's")
 
 
 def _plan_writer_available() -> bool:
@@ -138,7 +144,7 @@ class _live_progress:
 
 def result_table(compiled) -> Table:
     problem = compiled.problem
-    table = Table(title=f"{problem.name}: {problem.devices} devices, {problem.stages} stages, "
+    table = Table(title=f"{markup_safe(problem.name)}: {problem.devices} devices, {problem.stages} stages, "
                         f"{problem.microbatches} microbatches, budget {format_size(problem.memory.budget)}")
     for column in ("schedule", "makespan ms", "bubble", "peak memory", "offloaded", "lower bound ms", "gap",
                    "solve s"):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
 from rich.console import Console
 
-from .common import console
+from .common import console, markup_safe, output_path
 
 
 def add_parser(sub) -> None:
@@ -15,22 +13,27 @@ def add_parser(sub) -> None:
     parser.add_argument("plan", metavar="PLAN.opb", help="plan file written by `optpipe compile -o`")
     parser.add_argument("--format", choices=["torch-csv"], default="torch-csv",
                         help="torch-csv: the compute-only CSV that torch.distributed.pipelining loads")
-    parser.add_argument("-o", "--output", metavar="FILE.csv", help="output file (default: standard output)")
+    parser.add_argument("-o", "--output", metavar="FILE.csv", type=output_path("-o"),
+                        help="output file (default: standard output)")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
     from ..bytecode import read_plan
+    from ..files import write_atomic
     from ..lower import raise_schedule
     from ..schedule import TRANSFER_KINDS
     from ..torch_csv import schedule_to_torch_csv
+    from ..verify import verify
 
-    schedule = raise_schedule(read_plan(args.plan))
+    program = read_plan(args.plan)
+    verify(program)  # a plan that deadlocks or is incomplete is not a schedule to hand to another tool
+    schedule = raise_schedule(program)
     text = schedule_to_torch_csv(schedule)
     transfers = sum(1 for _, op in schedule.ops() if op.kind in TRANSFER_KINDS)
     if args.output:
-        Path(args.output).write_text(text, newline="")
-        console.print(f"wrote {args.output}: {schedule.num_devices} rows, one per rank")
+        write_atomic(args.output, text, "CSV file")
+        console.print(f"wrote {markup_safe(args.output)}: {schedule.num_devices} rows, one per rank")
     else:
         sys.stdout.write(text)
     if transfers:

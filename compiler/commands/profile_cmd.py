@@ -6,14 +6,14 @@ every other command stay free of torch.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from rich.table import Table
 
 from ..errors import OptpipeError
-from ..problem import Placement, dumps_problem
-from ..units import format_bandwidth, format_size, parse_size
-from .common import console
+from ..files import write_atomic
+from ..problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, Placement, dumps_problem
+from ..units import format_bandwidth, format_size
+from .common import console, float_in, int_in, markup_safe, output_path, size_option
 
 
 def add_parser(sub) -> None:
@@ -21,34 +21,40 @@ def add_parser(sub) -> None:
     parser.add_argument("--model", default="tiny", metavar="MODEL",
                         help="tiny, small (the built-in GPT), or package.module:factory returning an "
                              "optpipe.runtime.workload.Workload (default tiny)")
-    parser.add_argument("--devices", type=int, required=True, metavar="P", help="pipeline ranks")
-    parser.add_argument("--chunks", type=int, default=1, metavar="V", help="stages per rank (default 1)")
-    parser.add_argument("--microbatches", type=int, required=True, metavar="M")
+    parser.add_argument("--devices", type=int_in(1, MAX_DEVICES), required=True, metavar="P", help="pipeline ranks")
+    parser.add_argument("--chunks", type=int_in(1, MAX_STAGES), default=1, metavar="V",
+                        help="stages per rank (default 1)")
+    parser.add_argument("--microbatches", type=int_in(1, MAX_MICROBATCHES), required=True, metavar="M")
     parser.add_argument("--placement", default=None, choices=[p.value for p in Placement],
                         help="stage placement (default interleaved; vshape needs --chunks 2)")
-    parser.add_argument("--budget", metavar="SIZE",
+    parser.add_argument("--budget", metavar="SIZE", type=size_option("--budget"),
                         help="memory.budget (default: room for every microbatch's activation)")
     parser.add_argument("--offload", action="store_true", help="measure the host link and enable [offload]")
-    parser.add_argument("--p2p", type=float, default=None, metavar="MS",
+    parser.add_argument("--p2p", type=float_in(0.0, 1e9, what="number of milliseconds"), default=None, metavar="MS",
                         help="p2p time in ms instead of measuring it between two local processes")
-    parser.add_argument("--micro-batch-size", type=int, default=None, help="sequences per microbatch")
+    parser.add_argument("--micro-batch-size", type=int_in(1, 1024), default=None,
+                        help="sequences per microbatch (1..1024)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=int_in(1, 1024), default=None,
                         help="torch threads while measuring (default: 1 on a CPU, as torchrun gives each rank)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per stage; the median is kept (default 5)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int_in(1, 1000), default=5,
+                        help="timed runs per stage; the median is kept (default 5)")
+    parser.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
     parser.add_argument("--name", default=None, help="problem name (default: from the model and shape)")
-    parser.add_argument("-o", "--output", required=True, metavar="PROBLEM.toml", help="where to write the problem")
+    parser.add_argument("-o", "--output", required=True, metavar="PROBLEM.toml", type=output_path("-o"),
+                        help="where to write the problem")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
-    for flag, value in (("--devices", args.devices), ("--chunks", args.chunks), ("--microbatches", args.microbatches)):
-        if value < 1:
-            raise OptpipeError(f"{flag}: expected a positive integer, got {value}")
+    if args.devices * args.chunks > MAX_STAGES:
+        raise OptpipeError(f"--devices x --chunks: {args.devices * args.chunks:,} stages, more than {MAX_STAGES:,}, "
+                           f"the most a plan file can hold; use fewer")
+    if args.name is not None and (not args.name or len(args.name) > 200 or not args.name.isprintable()):
+        raise OptpipeError(f"--name: expected a short printable name, got {markup_safe(repr(args.name[:40]))}")
     placement = Placement(args.placement) if args.placement else Placement.INTERLEAVED
-    budget = parse_size(args.budget, "--budget") if args.budget else None
+    budget = args.budget
 
     from optpipe.runtime.profile import profile_problem
     from optpipe.runtime.train import DTYPES, _device
@@ -70,14 +76,14 @@ def run(args) -> int:
                                   placement=placement, budget=budget, offload=args.offload, p2p_ms=args.p2p,
                                   device=device, dtype=DTYPES[args.dtype], seed=args.seed, repeats=args.repeats,
                                   name=name)
-    Path(args.output).write_text(dumps_problem(problem))
+    write_atomic(args.output, dumps_problem(problem), "problem file")
     console.print(_table(problem, device))
-    console.print(f"wrote {args.output}")
+    console.print(f"wrote {markup_safe(args.output)}")
     return 0
 
 
 def _table(problem, device) -> Table:
-    table = Table(title=f"{problem.name}: measured on {device}")
+    table = Table(title=f"{markup_safe(problem.name)}: measured on {device}")
     for column in ("stage", "F ms", "B ms", "W ms", "activation", "kept for W"):
         table.add_column(column, justify="right")
     costs, memory = problem.costs, problem.memory

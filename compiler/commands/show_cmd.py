@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..simulate import simulate
-from .common import add_budget_argument, add_problem_argument, console, read_problem
+from .common import (add_budget_argument, add_problem_argument, check_size, console, int_in, markup_safe, output_path,
+                     read_problem)
 
 
 def add_parser(sub) -> None:
@@ -11,8 +12,10 @@ def add_parser(sub) -> None:
     add_problem_argument(parser, optional=True)
     parser.add_argument("--schedule", required=True, metavar="NAME", help="a heuristic's name (see `optpipe compare`)")
     add_budget_argument(parser)
-    parser.add_argument("--width", type=int, default=None, help="columns for the chart (default: the terminal's)")
-    parser.add_argument("--trace", metavar="FILE", help="also write a Chrome-trace/Perfetto JSON")
+    parser.add_argument("--width", type=int_in(20, 2000), default=None,
+                        help="columns for the chart, 20..2000 (default: the terminal's)")
+    parser.add_argument("--trace", metavar="FILE", type=output_path("--trace"),
+                        help="also write a Chrome-trace/Perfetto JSON")
     parser.set_defaults(run=run)
 
 
@@ -23,6 +26,7 @@ def run(args) -> int:
     from .simulate_cmd import timeline_table
 
     problem = read_problem(args)
+    check_size(problem, "show")
     timeline = simulate(problem, generate(args.schedule, problem))
     width = args.width or max(40, console.width - 6)
     for line in gantt_lines(timeline, width):
@@ -30,5 +34,5 @@ def run(args) -> int:
     console.print(timeline_table(timeline))
     if args.trace:
         write_trace(timeline, args.trace)
-        console.print(f"trace written to {args.trace} (open in ui.perfetto.dev)")
+        console.print(f"trace written to {markup_safe(args.trace)} (open in ui.perfetto.dev)")
     return 0

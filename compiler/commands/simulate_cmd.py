@@ -7,7 +7,10 @@ from rich.table import Table
 from ..schedule import load_schedule
 from ..simulate import simulate
 from ..units import format_size
-from .common import add_budget_argument, console, print_json, read_problem
+from .common import add_budget_argument, check_size, console, markup_safe, output_path, print_json, read_problem
+
+# Simulating a given schedule is near-linear, so it takes far larger problems than compare.
+SIMULATE_PAIRS = 2**19  # about 20 s and 1 GB of memory at the limit
 
 
 def add_parser(sub) -> None:
@@ -16,12 +19,14 @@ def add_parser(sub) -> None:
     parser.add_argument("schedule", metavar="SCHEDULE.json")
     add_budget_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--trace", metavar="FILE", help="write a Chrome-trace/Perfetto JSON")
+    parser.add_argument("--trace", metavar="FILE", type=output_path("--trace"),
+                        help="write a Chrome-trace/Perfetto JSON")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
     problem = read_problem(args)
+    check_size(problem, "simulate", SIMULATE_PAIRS, work=None)
     timeline = simulate(problem, load_schedule(args.schedule))
     if args.trace:
         from ..render import write_trace
@@ -32,13 +37,13 @@ def run(args) -> int:
         return 0
     console.print(timeline_table(timeline))
     if args.trace:
-        console.print(f"trace written to {args.trace} (open in ui.perfetto.dev)")
+        console.print(f"trace written to {markup_safe(args.trace)} (open in ui.perfetto.dev)")
     return 0
 
 
 def timeline_table(timeline) -> Table:
     problem = timeline.problem
-    table = Table(title=f"{timeline.schedule_name} on {problem.name}: makespan {timeline.makespan:,.2f} ms, "
+    table = Table(title=f"{markup_safe(timeline.schedule_name)} on {markup_safe(problem.name)}: makespan {timeline.makespan:,.2f} ms, "
                         f"bubble {timeline.bubble_ratio:.1%}, "
                         + ("[green]fits[/]" if timeline.fits else "[red]does not fit[/]")
                         + f" {format_size(problem.memory.budget)}")

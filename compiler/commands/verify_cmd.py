@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .common import console
+from ..errors import EXIT_NO_FIT
+from .common import console, markup_safe
 
 
 def add_parser(sub) -> None:
@@ -21,11 +22,26 @@ def run(args) -> int:
     program = read_plan(args.plan)
     verdict = verify(program)
     h = program.header
-    console.print(f"[green]verified[/] {args.plan}: {h.schedule_name!r}, {h.world_size} ranks, "
-                  f"{sum(verdict.instructions)} instructions, {verdict.messages} messages paired in order, "
-                  f"no deadlock ({verdict.rounds} rounds of the abstract run)")
+    console.print(f"[green]verified[/] {markup_safe(args.plan)}: {markup_safe(repr(h.schedule_name))}, "
+                  f"{h.world_size} ranks, {sum(verdict.instructions)} instructions, {verdict.messages} messages "
+                  f"paired in order, no deadlock ({verdict.waits} waits on a peer in the abstract run)")
     if args.problem:
         from .simulate_cmd import timeline_table
 
-        console.print(timeline_table(predict(program, load_problem(args.problem))))
+        problem = load_problem(args.problem)
+        timeline = predict(program, problem)
+        console.print(timeline_table(timeline))
+        if not timeline.fits:
+            # verify has no --budget: the advice names what the user can change, the problem file.
+            from ..units import format_size
+
+            if not timeline.fits_budget:
+                what = (f"the plan peaks at {format_size(timeline.peak)} on device {timeline.peak_device}, over "
+                        f"memory.budget = {format_size(problem.memory.budget)}")
+            else:
+                what = (f"the plan holds {format_size(max(timeline.host_peak))} on a host, over "
+                        f"offload.host_budget = {format_size(problem.offload.host_budget)}")
+            console.print(f"[red]does not fit[/]: {what} in {markup_safe(args.problem)}; recompile it with "
+                          f"`optpipe compile` for the budget it must fit, or give the devices more memory")
+            return EXIT_NO_FIT
     return 0

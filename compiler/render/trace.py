@@ -50,4 +50,6 @@ def chrome_trace(timeline: Timeline, label: str = "") -> dict:
 
 
 def write_trace(timeline: Timeline, path: str | Path, label: str = "") -> None:
-    Path(path).write_text(json.dumps(chrome_trace(timeline, label)))
+    from ..files import write_atomic
+
+    write_atomic(path, json.dumps(chrome_trace(timeline, label)), "trace file")

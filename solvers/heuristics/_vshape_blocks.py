@@ -18,13 +18,15 @@ start, B and W free at their end), so the plan's peak is exactly the simulated o
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
+from functools import lru_cache, partial
 from typing import Callable
 
-from optpipe.compiler.problem import Problem
+from optpipe.compiler.problem import Costs, Memory, Pipeline, Placement, Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule
 
-__all__ = ["INTERVAL", "VBlock", "v_schedule"]
+__all__ = ["INTERVAL", "VBlock", "Reorder", "REORDERS", "v_schedule"]
 
 INTERVAL = 6  # slots per microbatch and device: F, B, W of two chunks
 
@@ -70,7 +72,27 @@ class VBlock:
         )
 
 
-def v_schedule(name: str, problem: Problem, block: VBlock) -> Schedule:
+@dataclass(frozen=True)
+class Reorder:
+    """How the warm-up and cool-down are reordered (the paper fixes the idea, not these details).
+
+    ``upper_first``: a free slot takes the W of the second chunk's oldest B before the first
+    chunk's (that chunk's B is on the critical path down the V; otherwise oldest B first).
+    ``whole_until_w``: moves are checked counting each activation as held until its W, as if B
+    freed nothing (the paper's count; stricter than DESIGN.md's when weight_activation <
+    activation). ``warmup_twice``: the second pass (B before W) reorders the warm-up again, not
+    only the cool-down.
+    """
+
+    upper_first: bool = False
+    whole_until_w: bool = False
+    warmup_twice: bool = True
+
+
+REORDERS = tuple(Reorder(u, s, t) for t in (True, False) for s in (False, True) for u in (False, True))
+
+
+def v_schedule(name: str, problem: Problem, block: VBlock, how: Reorder = Reorder()) -> Schedule:
     """Repeat ``block`` for every microbatch, fill in W, reorder warm-up and cool-down.
 
     Reordering moves a pass of the warm-up or cool-down into an earlier free slot once what it
@@ -78,11 +100,24 @@ def v_schedule(name: str, problem: Problem, block: VBlock) -> Schedule:
     steady state is kept as the block made it. A first pass does this with W at their filled
     slots (the warm-up gets its forwards early); a second pass takes W out and lets B move first,
     with W refilling the free slots afterwards (the cool-down's critical path is the chain of B).
+    ``how`` picks the details (``Reorder``); the default is the first of ``REORDERS``.
+    Only the shape and the memory sizes matter (not the costs), so orders are cached by those.
     """
-    pipe = problem.pipeline
-    p, m = pipe.devices, pipe.microbatches
+    pipe, memory = problem.pipeline, problem.memory
+    keep = memory.activation if how.whole_until_w else memory.weight_activation
+    orders = _orders(block, pipe.devices, pipe.microbatches, memory.activation, keep, how)
+    return Schedule.of(name, orders)
+
+
+@lru_cache(maxsize=256)
+def _orders(block: VBlock, p: int, m: int, activation: tuple[int, ...], keep: tuple[int, ...],
+            how: Reorder) -> tuple[tuple[Op, ...], ...]:
+    stages = 2 * p
+    problem = Problem("v-block", Pipeline(p, 2, Placement.VSHAPE, m), Costs((1.0,) * stages, (1.0,) * stages,
+                      (1.0,) * stages, 0.0), Memory(activation, keep, 0))
+    fill = partial(_fill_weights, upper=p if how.upper_first else None)
     repeated = _repeat(block.slots(p), p, m)
-    with_weights = [_fill_weights(device) for device in repeated]
+    with_weights = [fill(device) for device in repeated]
     cap = max(_peak(problem, device) for device in with_weights)
     warmup_end = repeated[0][Op(_B, 0, 0)]  # device 0's first backward of stage 0
     cooldown_start = repeated[0][Op(_F, 0, m - 1)]  # device 0's last forward of stage 0
@@ -90,17 +125,20 @@ def v_schedule(name: str, problem: Problem, block: VBlock) -> Schedule:
     def movable(slot: int) -> bool:
         return slot < warmup_end or slot > cooldown_start
 
-    first = _reorder(problem, with_weights, cap, movable, fill=False)
+    def cooldown(slot: int) -> bool:
+        return slot > cooldown_start
+
+    first = _reorder(problem, with_weights, cap, movable, fill=None)
     without_weights = [{op: slot for op, slot in device.items() if op.kind is not _W} for device in first]
-    if all(_peak(problem, _fill_weights(device)) <= cap for device in without_weights):
-        second = _reorder(problem, without_weights, cap, movable, fill=True)
-        final = [_fill_weights(device) for device in second]
+    if all(_peak(problem, fill(device)) <= cap for device in without_weights):
+        second = _reorder(problem, without_weights, cap, movable if how.warmup_twice else cooldown, fill=fill)
+        final = [fill(device) for device in second]
     else:
         # Refilling W in B's order would already pass the cap (possible only when stages keep
         # different weight_activation and the first pass reordered B across stages; not seen in
         # the tests): keep the first pass's W, which never pass it.
         final = first
-    return Schedule.of(name, (_in_order(device) for device in final))
+    return tuple(tuple(_in_order(device)) for device in final)
 
 
 def _repeat(slots: tuple[tuple[int, int, int, int], ...], p: int, m: int) -> _Plan:
@@ -119,21 +157,23 @@ def _repeat(slots: tuple[tuple[int, int, int, int], ...], p: int, m: int) -> _Pl
     return plan
 
 
-def _fill_weights(device: dict[Op, int]) -> dict[Op, int]:
-    """Each free slot takes the W of the oldest B still waiting for one (F and B stay put)."""
+def _fill_weights(device: dict[Op, int], upper: int | None = None) -> dict[Op, int]:
+    """Each free slot takes the W of the oldest B still waiting for one (F and B stay put).
+
+    With ``upper``, Ws of stages >= ``upper`` (the second chunk) go before the others.
+    """
     by_slot = {slot: op for op, slot in device.items()}
     filled = dict(device)
-    waiting: list[Op] = []
-    next_wait = 0
+    waiting: list[tuple[int, int, Op]] = []  # (0 for the chunk that goes first, arrival, W)
     slot, last = min(by_slot), max(by_slot)
-    while slot <= last or next_wait < len(waiting):
+    while slot <= last or waiting:
         op = by_slot.get(slot)
         if op is not None:
             if op.kind is _B:
-                waiting.append(Op(_W, op.stage, op.microbatch))
-        elif next_wait < len(waiting):
-            filled[waiting[next_wait]] = slot
-            next_wait += 1
+                first = upper is not None and op.stage >= upper
+                heapq.heappush(waiting, (0 if first else 1, slot, Op(_W, op.stage, op.microbatch)))
+        elif waiting:
+            filled[heapq.heappop(waiting)[2]] = slot
         slot += 1
     return filled
 
@@ -143,18 +183,25 @@ def _in_order(device: dict[Op, int]) -> list[Op]:
 
 
 def _peak(problem: Problem, device: dict[Op, int]) -> int:
-    """Peak activation memory of a device that runs these ops in slot order."""
+    """Peak activation memory of a device that runs these ops in slot order (one op per slot)."""
     act, keep = problem.memory.activation, problem.memory.weight_activation
-    held = peak = 0
-    for op in _in_order(device):
+    size = max(device.values()) + 1
+    change = [0] * size  # F allocates at its start; B and W free at their end
+    starts = [False] * size
+    for op, slot in device.items():
         s = op.stage
         if op.kind is _F:
-            held += act[s]
-            peak = max(peak, held)
+            change[slot] = act[s]
+            starts[slot] = True
         elif op.kind is _B:
-            held -= act[s] - keep[s]
+            change[slot] = keep[s] - act[s]
         else:
-            held -= keep[s]
+            change[slot] = -keep[s]
+    held = peak = 0
+    for slot in range(size):
+        held += change[slot]
+        if starts[slot] and held > peak:
+            peak = held
     return peak
 
 
@@ -172,11 +219,12 @@ def _needs(op: Op, last_stage: int) -> list[Op]:
     return needs
 
 
-def _reorder(problem: Problem, plan: _Plan, cap: int, movable: Callable[[int], bool], fill: bool) -> _Plan:
+def _reorder(problem: Problem, plan: _Plan, cap: int, movable: Callable[[int], bool],
+             fill: Callable[[dict[Op, int]], dict[Op, int]] | None) -> _Plan:
     """Move each movable op, in slot order, to the earliest free slot after what it needs.
 
-    With ``fill`` the plan holds no W: they refill the free slots, and the memory check counts
-    them there. Returns a new plan; ``plan`` is not changed.
+    With ``fill`` the plan holds no W: ``fill`` puts them in the free slots, and the memory check
+    counts them there. Returns a new plan; ``plan`` is not changed.
     """
     pipe = problem.pipeline
     last_stage = pipe.stages - 1
@@ -192,7 +240,9 @@ def _reorder(problem: Problem, plan: _Plan, cap: int, movable: Callable[[int], b
                 if earlier in used[d]:
                     continue
                 trial = {**current[d], op: earlier}
-                if _peak(problem, _fill_weights(trial) if fill else trial) <= cap:
+                # Without refilled W, moving a B or W earlier only frees memory earlier.
+                frees = fill is None and op.kind is not _F
+                if frees or _peak(problem, fill(trial) if fill else trial) <= cap:
                     current[d] = trial
                     used[d].discard(slot)
                     used[d].add(earlier)

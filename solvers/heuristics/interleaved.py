@@ -29,7 +29,7 @@ from optpipe.compiler.schedule import Op, OpKind, Schedule
 
 from ..registry import register, require
 
-__all__ = ["interleaved_one_f_one_b", "interleaved_group", "interleaved_warmup"]
+__all__ = ["interleaved_one_f_one_b", "interleaved_group", "interleaved_warmup", "require_interleaved_rounds"]
 
 
 def interleaved_group(devices: int, microbatches: int) -> int:
@@ -72,19 +72,25 @@ def _device_order(devices: int, chunks: int, microbatches: int, device: int) -> 
     return order
 
 
-@register("1F1B-I", "Narayanan et al., Megatron-LM PP (arXiv 2104.04473), section 2.2.2",
-          "v chunks per device; bubble (p-1)(F+B+W) in stage costs, 1/v of 1F1B's for the same model")
-def interleaved_one_f_one_b(problem: Problem) -> Schedule:
+def require_interleaved_rounds(problem: Problem, name: str, fewer_chunks: str) -> None:
+    """The shape every Megatron-style interleaved schedule needs: v >= 2, interleaved, whole rounds."""
     pipe = problem.pipeline
     p, v, m = pipe.devices, pipe.chunks_per_device, pipe.microbatches
-    require(v >= 2, f"1F1B-I interleaves v >= 2 model chunks per device; this problem has {v} "
-                    f"(use 1F1B, or set pipeline.chunks_per_device >= 2)")
+    require(v >= 2, f"{name} interleaves v >= 2 model chunks per device; this problem has {v} ({fewer_chunks})")
     require(pipe.placement is Placement.INTERLEAVED,
-            f'1F1B-I needs placement = "interleaved" (stage s on device s % p); this problem uses '
+            f'{name} needs placement = "interleaved" (stage s on device s % p); this problem uses '
             f'"{pipe.placement.value}"')
     rounds = max(1, m // p)
     require(m % rounds == 0,
-            f"1F1B-I groups microbatches in {rounds} equal rounds (max(1, m // p), as PyTorch's "
-            f"ScheduleInterleaved1F1B does), but {m} microbatches do not split into {rounds}; "
+            f"{name} groups microbatches in {rounds} equal rounds (max(1, m // p), as PyTorch's interleaved "
+            f"schedules do), but {m} microbatches do not split into {rounds}; "
             f"use a multiple of {p} microbatches or one that {rounds} divides")
+
+
+@register("1F1B-I", "Narayanan et al., Megatron-LM PP (arXiv 2104.04473), section 2.2.2",
+          "v chunks per device; bubble (p-1)(F+B+W) in stage costs, 1/v of 1F1B's for the same model")
+def interleaved_one_f_one_b(problem: Problem) -> Schedule:
+    require_interleaved_rounds(problem, "1F1B-I", "use 1F1B, or set pipeline.chunks_per_device >= 2")
+    pipe = problem.pipeline
+    p, v, m = pipe.devices, pipe.chunks_per_device, pipe.microbatches
     return Schedule.of("1F1B-I", [_device_order(p, v, m, d) for d in range(p)])

@@ -24,6 +24,12 @@ p2p = 0 and m >= p, and measured for p2p <= F/2 with m >= 2p-1). With p2p = 0 an
 every device computes without a gap from its first op to its last, the paper's zero bubble
 (it measures each stage from its own start). Peak on device 0 is 2p-1 activations (capped at
 m); device d holds 2p-1-2d activations and 2d ``weight_activation``s.
+
+Both are derived for F = B = W and p2p = 0, where they are returned as the closed form. At other
+costs the generator also builds cost-aware orders under the closed form's peak memory (the
+closed form's F/B order with W placed at real costs, and list schedules that place warm-up
+forwards and W with real costs; ``_greedy``) and returns the fastest; so it is never slower than
+the closed form, and measured against the authors' generator in ``tests/test_heuristics_reference.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from optpipe.compiler.problem import Placement, Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule
 
 from ..registry import register, require
+from ._greedy import cost_aware
 
 __all__ = ["zb_h1", "zb_h2", "zb_h1_order", "zb_h2_order"]
 
@@ -96,9 +103,11 @@ def _require_one_chunk(name: str, problem: Problem) -> None:
 
 
 def _build(name: str, problem: Problem, order) -> Schedule:
+    """The closed form, or a cost-aware order within its peak memory when that is faster (``_greedy``)."""
     _require_one_chunk(name, problem)
     p, m = problem.devices, problem.microbatches
-    return Schedule.of(name, [[Op(kind, d, i) for kind, i in order(p, m, d)] for d in range(p)])
+    closed = Schedule.of(name, [[Op(kind, d, i) for kind, i in order(p, m, d)] for d in range(p)])
+    return cost_aware(problem, closed)
 
 
 @register("ZB-H1", "Qi et al., Zero Bubble PP (arXiv 2401.10241), section 2.1, figure 3 top",

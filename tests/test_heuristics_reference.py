@@ -1,0 +1,128 @@
+"""Our generators against the Zero Bubble / PipeOffload authors' own generators, shape by shape.
+
+``tests/data/reference_schedules.json`` holds the authors' makespans and peaks on a grid of
+(schedule, cost mix, p, m), re-timed by our simulator (its "about" says how they were made).
+Each of our schedules must be at most as slow at no more peak memory. The few shapes where
+ours is still slower are listed in ``SHORTFALLS`` with the ratio measured when they were
+recorded, so that the gap is visible and cannot grow unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from optpipe.compiler.problem import Costs, Memory, Pipeline, Placement, Problem
+from optpipe.compiler.simulate import simulate
+from optpipe.solvers.registry import generate
+
+DATA = json.loads((Path(__file__).resolve().parent / "data" / "reference_schedules.json").read_text())
+ROWS = [row for row in DATA["rows"] if row["makespan"] is not None]
+
+# (schedule, mix, p, m) -> ours / reference makespan when recorded: the remaining gaps (see the report of
+# issue 10). ZBV: the authors' zbv.py re-decides the steady state's F/B order with real costs; ours keeps
+# the block's order and re-places W. V-Min: one slot of the warm-up/cool-down reordering when 3 divides p.
+SHORTFALLS: dict[tuple[str, str, int, int], float] = {
+    ('ZBV', 'zb-paper', 4, 4): 1.0024,
+    ('ZBV', 'zb-paper', 4, 8): 1.0039,
+    ('ZBV', 'zb-paper', 4, 16): 1.0021,
+    ('ZBV', 'zb-paper', 4, 32): 1.0011,
+    ('ZBV', 'zb-paper', 6, 12): 1.0043,
+    ('ZBV', 'zb-paper', 6, 24): 1.0023,
+    ('ZBV', 'zb-paper', 8, 8): 1.0012,
+    ('ZBV', 'zb-paper', 8, 16): 1.0045,
+    ('ZBV', 'zb-paper', 8, 32): 1.0024,
+    ('ZBV', 'zb-paper', 8, 64): 1.0013,
+    ('ZBV', 'zb-paper', 12, 24): 1.0038,
+    ('ZBV', 'zb-paper', 16, 16): 1.0012,
+    ('ZBV', 'zb-paper', 16, 32): 1.0029,
+    ('ZBV', 'b-heavy', 4, 16): 1.0099,
+    ('ZBV', 'b-heavy', 4, 32): 1.0051,
+    ('ZBV', 'b-heavy', 6, 12): 1.0082,
+    ('ZBV', 'b-heavy', 6, 24): 1.0044,
+    ('ZBV', 'b-heavy', 8, 16): 1.0121,
+    ('ZBV', 'b-heavy', 8, 32): 1.0065,
+    ('ZBV', 'b-heavy', 8, 64): 1.0034,
+    ('ZBV', 'b-heavy', 12, 24): 1.0080,
+    ('ZBV', 'b-heavy', 16, 32): 1.0060,
+    ('V-Min', 'w-heavy', 6, 12): 1.0065,
+    ('V-Min', 'w-heavy', 6, 24): 1.0036,
+    ('V-Min', 'w-heavy', 12, 24): 1.0032,
+    ('ZBV', 'uneven', 4, 8): 1.0041,
+    ('ZBV', 'uneven', 4, 16): 1.0022,
+    ('ZBV', 'uneven', 4, 32): 1.0011,
+    ('ZBV', 'uneven', 8, 8): 1.0005,
+    ('ZBV', 'uneven', 8, 16): 1.0016,
+    ('ZBV', 'uneven', 8, 32): 1.0009,
+    ('ZBV', 'uneven', 8, 64): 1.0005,
+    ('ZBV', 'uneven', 16, 32): 1.0084,
+    ('V-Min', 'equal', 6, 12): 1.0113,
+    ('V-Min', 'equal', 6, 24): 1.0063,
+    ('V-Min', 'equal', 12, 24): 1.0055,
+}
+
+
+def _costs(mix: dict, stages: int) -> Costs:
+    def values(spec, forward=None):
+        if isinstance(spec, dict) and "ratio" in spec:
+            return tuple(round(spec["ratio"] * f, 2) for f in forward)
+        if isinstance(spec, dict):
+            return tuple(float(spec["base"] + spec["step"] * (s % 3) + (spec["last"] if s == stages - 1 else 0))
+                         for s in range(stages))
+        return (float(spec),) * stages
+
+    forward = values(mix["forward"])
+    return Costs(forward, values(mix["backward_input"], forward), values(mix["backward_weight"], forward),
+                 float(mix["p2p"]))
+
+
+def problem_of(row: dict) -> Problem:
+    shape = DATA["schedules"][row["schedule"]]
+    p, v = row["p"], shape["chunks"]
+    stages = p * v
+    memory = DATA["memory"]
+    return Problem(f"ref-{row['mix']}-p{p}-m{row['m']}",
+                   Pipeline(p, v, Placement(shape["placement"]), row["m"]),
+                   _costs(DATA["mixes"][row["mix"]], stages),
+                   Memory((memory["activation"],) * stages, (memory["weight_activation"],) * stages, 10**9))
+
+
+@lru_cache(maxsize=None)
+def _ours(schedule: str, mix: str, p: int, m: int) -> tuple[float, int]:
+    row = {"schedule": schedule, "mix": mix, "p": p, "m": m}
+    problem = problem_of(row)
+    timeline = simulate(problem, generate(schedule, problem))
+    return timeline.makespan, timeline.peak
+
+
+def _key(row: dict) -> tuple[str, str, int, int]:
+    return row["schedule"], row["mix"], row["p"], row["m"]
+
+
+def test_the_grid_is_what_the_issue_asks_for():
+    shapes = {(row["p"], row["m"], row["mix"]) for row in ROWS}
+    assert len(shapes) >= 40
+    assert {row["p"] for row in ROWS} <= set(range(4, 17)) and all(row["p"] <= row["m"] <= 8 * row["p"] for row in ROWS)
+    assert len(DATA["mixes"]) >= 4 and any(isinstance(mix["forward"], dict) for mix in DATA["mixes"].values())
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: "-".join(map(str, _key(row))))
+def test_never_slower_than_the_authors_at_no_more_memory(row):
+    makespan, peak = _ours(*_key(row))
+    assert peak <= row["peak"], f"ours holds {peak} at peak, the authors' {row['peak']}"
+    allowed = SHORTFALLS.get(_key(row), 1.0)
+    assert makespan <= row["makespan"] * allowed + 1e-6, (
+        f"ours {makespan:.2f} ms, the authors' {row['makespan']:.2f} ms (ratio {makespan / row['makespan']:.4f})")
+
+
+def test_ratio_summary_per_schedule(capsys):
+    """Worst and mean ours/reference makespan per schedule (printed with -s; the figures of the issue's note)."""
+    ratios: dict[str, list[float]] = {}
+    for row in ROWS:
+        ratios.setdefault(row["schedule"], []).append(_ours(*_key(row))[0] / row["makespan"])
+    for name, values in ratios.items():
+        print(f"{name:8s} shapes {len(values):3d}  worst {max(values):.4f}  mean {sum(values) / len(values):.4f}")
+    assert all(max(values) <= max(SHORTFALLS.values(), default=1.0) for values in ratios.values())
