@@ -46,6 +46,7 @@ _WARM_SHARE = 0.3  # of the time limit, at most, for building warm starts
 _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
 _MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
+_RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     meets_bound = start is not None and start.timeline.makespan <= bound.value + _EPS
     warnings: list[str] = []
     result = None if meets_bound else _verified(problem, solver, warnings, lambda: _run(
-        problem, solver, start, left, seed, workers, on_progress, bound))
+        problem, solver, start, left, seed, workers, on_progress, bound, candidates))
     elapsed = time.monotonic() - began
     chosen = _better(result, start)
     if chosen is None:
@@ -193,7 +194,7 @@ def _heuristic(problem: Problem, solver: str, entries: list[Entry], baseline: En
 
 
 def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: float, seed: int,
-         workers: int | None, on_progress, bound: Bound) -> SolveResult | None:
+         workers: int | None, on_progress, bound: Bound, candidates: list[Candidate] = ()) -> SolveResult | None:
     hint = start.schedule if start is not None else None
     if solver == "cpsat":
         if exact_model_fits(problem) or start is None:
@@ -205,7 +206,7 @@ def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: f
 
         began = time.monotonic()
         search = improve(problem, start.schedule, time_limit_s=time_limit_s, seed=seed, workers=workers,
-                         on_progress=on_progress, bound_ms=bound.value)
+                         on_progress=on_progress, bound_ms=bound.value, restarts=_restarts(start, candidates))
         return SolveResult("cpsat", SolveStatus.FEASIBLE, search.schedule.renamed("cpsat"), search.timeline,
                            search.timeline.makespan, bound.value, time.monotonic() - began, 0.0)
     from .milp import solve_milp
@@ -213,6 +214,21 @@ def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: f
     backend = solver.split("-", 1)[1]
     return solve_milp(problem, backend=backend, time_limit_s=time_limit_s, hint=hint, seed=seed,
                       on_progress=on_progress)
+
+
+def _restarts(start: Candidate, candidates: list[Candidate]) -> list[Schedule]:
+    """Other fitting warm starts close to the best (within _RESTART_WITHIN), from other heuristics,
+    fastest first: the window search spends a share of its time on each (lns.py)."""
+    seen, out = {start.name.split("+")[0]}, []
+    for c in sorted((c for c in candidates if c.fits), key=lambda c: c.timeline.makespan):
+        family = c.name.split("+")[0]
+        if family in seen or c.timeline.makespan > (1 + _RESTART_WITHIN) * start.timeline.makespan:
+            continue
+        seen.add(family)
+        out.append(c.schedule)
+        if len(out) == _RESTARTS:
+            break
+    return out
 
 
 def _better(result: SolveResult | None, start: Candidate | None) -> tuple[Schedule, Timeline, str] | None:

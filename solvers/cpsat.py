@@ -652,10 +652,16 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 
 def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | None,
                 callback: cp_model.CpSolverSolutionCallback | None = None,
-                light_presolve: bool = False) -> tuple[cp_model.CpSolver, int]:
-    """Solve; ``light_presolve`` skips probing, which on window models costs seconds and buys nothing."""
+                light_presolve: bool = False, deterministic_s: float | None = None) -> tuple[cp_model.CpSolver, int]:
+    """Solve; ``light_presolve`` skips probing, which on window models costs seconds and buys nothing.
+
+    ``deterministic_s`` also stops the search after that much of CP-SAT's deterministic time:
+    with one worker and a fixed seed the answer is then the same on any machine, loaded or not.
+    """
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    if deterministic_s is not None:
+        solver.parameters.max_deterministic_time = deterministic_s
     solver.parameters.num_workers = workers or os.cpu_count() or 1
     solver.parameters.random_seed = seed
     if light_presolve:

@@ -1,12 +1,14 @@
 """optpipe compile: the fastest schedule that fits the budget, with its lower bound and gap.
 
-While the solver runs, a live line shows the incumbent, the bound and the gap (on stderr, so
-``--json`` output stays clean); then a table puts the result beside the best fitting heuristic.
+While the solver runs, a live line shows the elapsed time, the incumbent, the bound, the gap and
+what the search last did (on stderr, and only when stdout is a terminal and not ``--json``, so
+piped output stays clean); then a table puts the result beside the best fitting heuristic.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 
 from rich.console import Console
@@ -48,7 +50,7 @@ def run(args) -> int:
     check_size(problem, "compile")
     try:
         compiled = compile_live(problem, solver=args.solver, time_limit_s=args.time_limit, seed=args.seed,
-                                workers=args.workers, quiet=args.json)
+                                workers=args.workers, quiet=args.json or not sys.stdout.isatty())
     except InfeasibleError as error:
         if args.json:
             print_json({"solver": args.solver, "status": "infeasible", "message": str(error),
@@ -113,13 +115,13 @@ class _live_progress:
     def _render(self) -> Text:
         elapsed = time.monotonic() - self.began
         p = self.latest
-        text = Text(f"compiling {self.problem.name} with {self.solver}  {elapsed:5.1f}s / {self.time_limit_s:g}s",
-                    style="bold")
+        # the numbers first, so that an 80-column terminal shows them all; what the search did last after
+        text = Text(f"{self.solver} {elapsed:5.1f}s/{self.time_limit_s:g}s", style="bold")
         if p is not None:
             incumbent = f"{p.incumbent_ms:,.1f} ms" if p.incumbent_ms is not None else "-"
-            bound = f"{p.bound_ms:,.1f} ms" if p.bound_ms is not None else "-"
+            bound = f"{p.bound_ms:,.1f}" if p.bound_ms is not None else "-"
             gap = f"{p.gap:.2%}" if p.gap is not None else "-"
-            text.append(f"   incumbent {incumbent}   bound {bound}   gap {gap}   ", style="")
+            text.append(f"  best {incumbent}  bound {bound}  gap {gap}  ", style="")
             text.append(p.message, style="dim")
         return text
 

@@ -1,0 +1,135 @@
+"""Which part of a schedule the window search (lns.py) re-solves next.
+
+A neighbourhood is a slice of time [t0, t1) and the devices whose ops in it are free: those
+ops may change order, offload decisions and transfer slots. Ops of the other devices in the
+slice, and the ops of every device in [t1, t2), keep their list order but are re-timed, so the
+model sees what the free ops do to them. Everything before t0 is fixed; everything after t2 is
+summed up as the compute each device still has to do (cpsat.Scope).
+
+Kinds, each a different shape of the same model:
+
+- ``sweep``: about ``size`` ops per device, sliding from the start, overlapping by half (the
+  original search: it polishes everywhere);
+- ``warm-up`` and ``cool-down``: the schedule's first or last ``2 x size`` ops per device, where
+  pipeline fill and drain decide how many forwards are in flight and when W passes run;
+- ``devices``: two devices that pass data to each other (d and d+1, the last and the first
+  with v > 1) over three times as long a slice: a producer and its consumer re-paired, and a
+  stage's microbatches moved together, without the model growing with every device;
+- ``device``: one device over four times as long a slice: its offload decisions and its order
+  over a long microbatch range, the others re-timed;
+- ``idle``: a slice centred on one of the longest idle gaps of a device, chosen at random
+  among the longest: where the time is lost.
+
+The chooser is a pure function of the timeline, the kind, the size and a seeded ``random``:
+the same seed gives the same neighbourhoods.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from optpipe.compiler.problem import Problem
+from optpipe.compiler.schedule import COMPUTE_KINDS
+from optpipe.compiler.semantics import TOLERANCE_MS
+from optpipe.compiler.simulate import Timeline
+
+__all__ = ["Neighbourhood", "KINDS", "choose", "sweep"]
+
+_EPS = TOLERANCE_MS
+_INF = float("inf")
+KINDS = ("sweep", "warm-up", "cool-down", "devices", "idle", "device")
+
+
+@dataclass(frozen=True)
+class Neighbourhood:
+    kind: str
+    t0: float  # first start in the slice
+    t1: float  # end of the free slice (inf: to the end)
+    t2: float  # end of the re-timed ops after it (inf: all of them)
+    devices: frozenset[int] | None = None  # devices whose ops in [t0, t1) are free; None: all
+
+    def describe(self) -> str:
+        where = "" if self.devices is None else " on devices " + ",".join(map(str, sorted(self.devices)))
+        return f"{self.kind}{where}"
+
+
+def _starts(timeline: Timeline) -> list[float]:
+    return sorted(t.start for t in timeline.timings if t.op.kind in COMPUTE_KINDS)
+
+
+def _slice(starts: list[float], k: int, count: int, follow: int) -> tuple[float, float, float]:
+    k = max(0, min(k, len(starts) - 1))
+    t1 = starts[k + count] if k + count < len(starts) else _INF
+    t2 = _INF if follow < 0 or k + count + follow >= len(starts) else starts[k + count + follow]
+    return starts[k], t1, t2
+
+
+def sweep(timeline: Timeline, cursor: float, count: int, follow: int) -> tuple[Neighbourhood, float]:
+    """The slice of ``count`` compute ops from the first starting at ``cursor`` or later, and the
+    next cursor (half-way through it; inf after the last slice)."""
+    starts = _starts(timeline)
+    k = next((n for n, s in enumerate(starts) if s >= cursor - _EPS), len(starts) - 1)
+    t0, t1, t2 = _slice(starts, k, count, follow)
+    half = k + max(1, count // 2)
+    following = starts[half] if half < len(starts) and t1 != _INF else _INF
+    return Neighbourhood("sweep", t0, t1, t2), following
+
+
+def _neighbours(problem: Problem, device: int) -> list[int]:
+    """Devices that exchange data with ``device``: those of the stages next to its stages."""
+    pipe = problem.pipeline
+    out = set()
+    for s in pipe.stages_on(device):
+        for other in (s - 1, s + 1):
+            if 0 <= other < pipe.stages and pipe.device_of(other) != device:
+                out.add(pipe.device_of(other))
+    return sorted(out)
+
+
+def _idle_gaps(timeline: Timeline) -> list[tuple[float, int, float]]:
+    """(length, device, time it ends) of every idle gap between compute ops of a device."""
+    last: dict[int, float] = {}
+    gaps = []
+    for t in timeline.timings:  # per device in list order: compute ops in start order
+        if t.op.kind not in COMPUTE_KINDS:
+            continue
+        previous = last.get(t.device)
+        if previous is not None and t.start - previous > _EPS:
+            gaps.append((t.start - previous, t.device, t.start))
+        last[t.device] = t.end
+    return gaps
+
+
+def choose(problem: Problem, timeline: Timeline, kind: str, size: int, follow: int,
+           rng: random.Random) -> Neighbourhood:
+    """A neighbourhood of ``kind`` with about ``size`` free ops per free device."""
+    P = problem.devices
+    starts = _starts(timeline)
+    n = len(starts)
+    count = size * P
+    if kind == "warm-up":
+        t0, t1, t2 = _slice(starts, 0, 2 * count, follow * count)
+        return Neighbourhood(kind, t0, t1, t2)
+    if kind == "cool-down":
+        t0, t1, t2 = _slice(starts, n - 2 * count, 2 * count, -1)
+        return Neighbourhood(kind, t0, t1, t2)
+    if kind in ("devices", "device"):
+        device = rng.randrange(P)
+        free = {device}
+        if kind == "devices":
+            free.add(rng.choice(_neighbours(problem, device) or [device]))
+        span = (3 if kind == "devices" else 4) * count
+        k = rng.randrange(max(1, n - span // 2))
+        t0, t1, t2 = _slice(starts, k, span, follow * count)
+        return Neighbourhood(kind, t0, t1, t2, frozenset(free))
+    if kind == "idle":
+        gaps = sorted(_idle_gaps(timeline), reverse=True)
+        if gaps:
+            _, _, at = gaps[rng.randrange(min(len(gaps), 2 * P))]
+            k = max(0, next((j for j, s in enumerate(starts) if s >= at - _EPS), n - 1) - count // 2)
+            t0, t1, t2 = _slice(starts, k, count, follow * count)
+            return Neighbourhood(kind, t0, t1, t2)
+    k = rng.randrange(n)
+    t0, t1, t2 = _slice(starts, k, count, follow * count)
+    return Neighbourhood("random", t0, t1, t2)

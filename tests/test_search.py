@@ -1,0 +1,86 @@
+"""The neighbourhood search: never worse than its start, always within budget, reproducible."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from optpipe.compiler.problem import Offload
+from optpipe.compiler.simulate import simulate
+from optpipe.solvers.compare import compare
+from optpipe.solvers.lns import KINDS, improve
+from optpipe.solvers.moves import improve_by_moves, move_score
+from optpipe.solvers.neighbourhoods import KINDS as WINDOW_KINDS
+from optpipe.solvers.neighbourhoods import choose
+
+from conftest import uniform_problem
+
+# p = 4, m = 8, F = B = W = 1 ms: a budget of three activations and a
+# link that moves one in 1 ms each way, so offload decisions are open.
+OFFLOAD = uniform_problem(4, 8, act=100, keep=50, budget=300, offload=Offload(True, 1e5, 1e5, 10**9),
+                          name="search-offload")
+PLAIN = uniform_problem(4, 8, act=100, keep=50, budget=400, name="search-plain")
+
+
+def _fitting(problem):
+    entries = [e for e in compare(problem) if e.timeline is not None and e.fits]
+    return sorted(entries, key=lambda e: -e.timeline.makespan)  # the slowest first: room to improve
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("problem", [OFFLOAD, PLAIN], ids=lambda p: p.name)
+def test_each_kind_alone_never_worse_and_fits(problem, kind):
+    start = _fitting(problem)[0]
+    search = improve(problem, start.schedule, time_limit_s=30.0, workers=1, seed=3, kinds=(kind,),
+                     max_windows=4, deterministic=True, window_limit_s=0.5)
+    again = simulate(problem, search.schedule)
+    assert again.fits
+    assert again.makespan == search.timeline.makespan
+    assert again.makespan <= start.timeline.makespan + 1e-9
+
+
+def test_restarts_never_worse_than_the_first_start():
+    starts = _fitting(OFFLOAD)
+    search = improve(OFFLOAD, starts[0].schedule, time_limit_s=30.0, workers=1, seed=1,
+                     restarts=[e.schedule for e in starts[1:3]], max_windows=9, deterministic=True,
+                     window_limit_s=0.5)
+    assert search.timeline.fits
+    assert search.timeline.makespan <= min(e.timeline.makespan for e in starts[:3]) + 1e-9
+
+
+def test_deterministic_with_a_fixed_seed_and_one_worker():
+    start = _fitting(OFFLOAD)[0]
+    runs = [improve(OFFLOAD, start.schedule, time_limit_s=60.0, workers=1, seed=7, max_windows=8,
+                    deterministic=True, window_limit_s=0.5) for _ in range(2)]
+    assert runs[0].schedule.to_text() == runs[1].schedule.to_text()
+    assert runs[0].timeline.makespan == runs[1].timeline.makespan
+
+
+def test_the_search_improves_a_slow_start():
+    start = _fitting(OFFLOAD)[0]
+    search = improve(OFFLOAD, start.schedule, time_limit_s=60.0, workers=1, seed=1, max_windows=12,
+                     deterministic=True, window_limit_s=0.5)
+    assert search.timeline.makespan < start.timeline.makespan
+    assert search.improvements >= 1
+
+
+@pytest.mark.parametrize("problem", [OFFLOAD, PLAIN], ids=lambda p: p.name)
+def test_list_moves_keep_every_op_never_worse_and_fit(problem):
+    start = _fitting(problem)[0]
+    moved = improve_by_moves(problem, start.schedule, deadline=float("inf"), rng=random.Random(0), max_tries=60)
+    assert sorted(op for _, op in moved.schedule.ops()) == sorted(op for _, op in start.schedule.ops())
+    again = simulate(problem, moved.schedule)
+    assert again.fits
+    assert move_score(again) <= move_score(start.timeline)
+    assert start.schedule == _fitting(problem)[0].schedule  # the input is not changed
+
+
+@pytest.mark.parametrize("kind", WINDOW_KINDS)
+def test_neighbourhoods_are_slices_in_time(kind):
+    timeline = _fitting(OFFLOAD)[0].timeline
+    hood = choose(OFFLOAD, timeline, kind, 2, 1, random.Random(0))
+    assert hood.t0 < hood.t1 <= hood.t2
+    assert hood.devices is None or all(0 <= d < OFFLOAD.devices for d in hood.devices)
+    again = choose(OFFLOAD, timeline, kind, 2, 1, random.Random(0))
+    assert again == hood
