@@ -57,6 +57,8 @@ __all__ = [
     "OpSpec",
     "CHANNEL",
     "duration_ms",
+    "stage_ms",
+    "lag_ms",
     "exact_ms",
     "waits",
     "holds",
@@ -177,9 +179,18 @@ def exact_ms(problem: Problem, op: Op) -> Fraction:
     return Fraction(repr(duration_ms(problem, op)))
 
 
-def _lag(problem: Problem, a: int, b: int) -> float:
+def lag_ms(problem: Problem, a: int, b: int) -> float:
+    """What data from stage ``a`` takes to reach stage ``b``: p2p across devices, nothing on one."""
     pipe = problem.pipeline
     return problem.costs.p2p if pipe.device_of(a) != pipe.device_of(b) else 0.0
+
+
+_lag = lag_ms
+
+
+def stage_ms(problem: Problem, kind: OpKind) -> tuple[float, ...]:
+    """``duration_ms`` of ``kind`` for every stage, for passes that reason per stage (bounds)."""
+    return tuple(duration_ms(problem, Op(kind, s, 0)) for s in range(problem.stages))
 
 
 def waits(problem: Problem, op: Op, *, fused_above: bool = False, offloaded: bool = False,

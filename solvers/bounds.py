@@ -33,7 +33,8 @@ import heapq
 from dataclasses import dataclass
 
 from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import OpKind
+from optpipe.compiler.schedule import Op, OpKind
+from optpipe.compiler.semantics import duration_ms, lag_ms, stage_ms
 from optpipe.compiler.units import format_size
 
 __all__ = [
@@ -46,7 +47,8 @@ __all__ = [
     "memory_lower_bound",
 ]
 
-_F, _B, _W = OpKind.F, OpKind.B, OpKind.W
+_F, _B, _W, _BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
+_OFF, _REL, _RC = OpKind.OFFLOAD, OpKind.RELOAD, OpKind.RECOMPUTE
 
 
 @dataclass(frozen=True)
@@ -67,10 +69,9 @@ class Paths:
 
 def data_paths(problem: Problem) -> Paths:
     """Heads and tails of one microbatch's data chain F(0..S-1) -> B(S-1..0), B(s) -> W(s)."""
-    pipe, costs = problem.pipeline, problem.costs
-    S = pipe.stages
-    f, b, w = costs.forward, costs.backward_input, costs.backward_weight
-    lag_up = tuple(costs.p2p if pipe.device_of(s) != pipe.device_of(s + 1) else 0.0 for s in range(S - 1))
+    S = problem.stages
+    f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
+    lag_up = tuple(lag_ms(problem, s, s + 1) for s in range(S - 1))
     head: dict = {}
     tail: dict = {}
     head[(_F, 0)] = 0.0
@@ -100,8 +101,8 @@ def _jobs(problem: Problem, paths: Paths, device: int) -> list[tuple[float, floa
     another device. Symmetrically the j-th from last still has j+1 forwards of stage s+1 after
     it. The same holds for B along the backward chain.
     """
-    pipe, costs = problem.pipeline, problem.costs
-    f, b, w = costs.forward, costs.backward_input, costs.backward_weight
+    pipe = problem.pipeline
+    f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
     S, m = pipe.stages, pipe.microbatches
     other = lambda s: 0 <= s < S and pipe.device_of(s) != device  # noqa: E731
     jobs = []
@@ -173,8 +174,8 @@ def _area_bound(problem: Problem, paths: Paths, device: int) -> Bound:
     meet, found by bisection. ``head`` is the earliest any forward of the device can start. Each
     channel gives a bound on its own; the larger holds.
     """
-    pipe, costs, memory, offload = problem.pipeline, problem.costs, problem.memory, problem.offload
-    f, b, w = costs.forward, costs.backward_input, costs.backward_weight
+    pipe, memory, offload = problem.pipeline, problem.memory, problem.offload
+    f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
     m, budget = pipe.microbatches, memory.budget
     stages = pipe.stages_on(device)
     head = min(paths.head[(_F, s)] for s in stages)
@@ -186,10 +187,10 @@ def _area_bound(problem: Problem, paths: Paths, device: int) -> Bound:
         act, keep = memory.activation[s], memory.weight_activation[s]
         held = act * (f[s] + paths.gap[s] + b[s])
         if problem.recompute.enabled:  # recomputed: the whole activation for F, the recompute and B
-            held = min(held, act * (f[s] + problem.recompute_ms(s) + b[s]))
+            held = min(held, act * (f[s] + duration_ms(problem, Op(_RC, s, 0)) + b[s]))
         resident += m * (held + keep * w[s])
         if offload.enabled:
-            out, back = problem.offload_ms(s), problem.reload_ms(s)
+            out, back = duration_ms(problem, Op(_OFF, s, 0)), duration_ms(problem, Op(_REL, s, 0))
             saved = held - act * (f[s] + out + back + b[s])
             if saved > 0:
                 savings.append((saved / out, saved / back, out, back, saved, m))
@@ -243,7 +244,8 @@ def makespan_lower_bound(problem: Problem) -> Bound:
     for device in range(problem.devices):
         value = device_lower_bound(problem, device, paths)
         if value > best.value:
-            busy = sum(problem.costs.forward[s] + problem.costs.backward(s) for s in problem.pipeline.stages_on(device))
+            busy = sum(duration_ms(problem, Op(kind, s, 0))
+                       for s in problem.pipeline.stages_on(device) for kind in (_F, _BW))
             best = Bound(value, f"device {device}: {busy * problem.microbatches:,.1f} ms of compute "
                                 f"plus pipeline fill and drain")
     area = memory_area_bound(problem, paths)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from optpipe.compiler.errors import OptpipeError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.compiler.semantics import Place, effects
 from optpipe.compiler.simulate import Timeline, simulate
 
 from .offload_slots import activation_windows, add_hidden_offloads, add_offloads, round_trip_ms
@@ -167,14 +168,15 @@ def _pull_weights(ops: list[Op], by_op, over: list[tuple[float, float]]) -> list
 
 def _ops_to_free(problem: Problem, ops: list[Op], first: int, need: int) -> int:
     """How many non-forward ops from ``ops[first]`` on free ``need`` bytes (at least one)."""
-    act, keep = problem.memory.activation, problem.memory.weight_activation
+    offloaded = {(op.stage, op.microbatch) for op in ops if op.kind is OpKind.OFFLOAD}
     freed = count = 0
     for op in ops[first:]:
         if op.kind is _F:
             continue
         count += 1
-        s = op.stage
-        freed += act[s] - keep[s] if op.kind is _B else keep[s] if op.kind is _W else act[s]
+        freed -= sum(e.delta for e in effects(problem, op, fused=op.kind is _BW,
+                                              offloaded=(op.stage, op.microbatch) in offloaded)
+                     if e.place is Place.DEVICE and e.delta < 0)
         if freed >= need:
             break
     return max(count, 1)

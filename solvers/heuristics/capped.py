@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import heapq
 
+from optpipe.compiler.errors import InternalError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule
-
+from optpipe.compiler.semantics import Place, duration_ms, holds, waits
 from optpipe.compiler.units import format_size
 
 from ..registry import register, require
@@ -30,20 +31,25 @@ from ..registry import register, require
 __all__ = ["one_f_one_b_capped"]
 
 
+def _device_bytes(problem: Problem, stage: int) -> int:
+    """What one activation of ``stage`` takes on its device while kept there (a fused backward)."""
+    return sum(h.bytes for h in holds(problem, stage, 0, fused=True) if h.place is Place.DEVICE)
+
+
 @register("1F1B-capped", "memory-capped list schedule (the memory-limited 1F1B baseline)",
           "never starts a forward the budget cannot hold; any placement")
 def one_f_one_b_capped(problem: Problem) -> Schedule:
-    pipe, costs, memory = problem.pipeline, problem.costs, problem.memory
-    p, m, last = pipe.devices, pipe.microbatches, pipe.stages - 1
+    pipe, memory = problem.pipeline, problem.memory
+    p, m = pipe.devices, pipe.microbatches
     device_of = [pipe.device_of(s) for s in range(pipe.stages)]
-    forward_end: dict[tuple[int, int], float] = {}
-    backward_end: dict[tuple[int, int], float] = {}
+    size = [_device_bytes(problem, s) for s in range(pipe.stages)]
+    end_of: dict[Op, float] = {}
     next_forward = [0] * pipe.stages
     next_backward = [0] * pipe.stages
     free_at = [0.0] * p
     held = [0] * p  # activation bytes allocated on each device
     reserved = [0] * p  # bytes admitted microbatches will still allocate there
-    footprint = [sum(memory.activation[s] for s in pipe.stages_on(d)) for d in range(p)]
+    footprint = [sum(size[s] for s in pipe.stages_on(d)) for d in range(p)]
     first_on = [min(pipe.stages_on(d)) for d in range(p)]
     for d in range(p):
         require(footprint[d] <= memory.budget,
@@ -52,45 +58,50 @@ def one_f_one_b_capped(problem: Problem) -> Schedule:
                 f"offload fits, so raise the budget or enable offload")
     orders: list[list[Op]] = [[] for _ in range(p)]
 
-    def arrival(stage: int, source: int, end: float) -> float:
-        return end + (costs.p2p if device_of[source] != device_of[stage] else 0.0)
+    def ready(op: Op) -> float | None:
+        """When the data ``op`` waits for has arrived; None while a wait has not been placed."""
+        at = 0.0
+        for wait in waits(problem, op, fused_above=True):
+            end = end_of.get(wait.op)
+            if end is None:
+                return None
+            at = max(at, end + wait.lag_ms)
+        return at
 
     def candidates(device: int):
         for s in pipe.stages_on(device):
             i = next_backward[s]
             if i < next_forward[s]:
-                ready = forward_end.get((s, i)) if s == last else backward_end.get((s + 1, i))
-                if ready is not None:
-                    source = s if s == last else s + 1
-                    yield max(free_at[device], arrival(s, source, ready)), 0, s, OpKind.BW, i
+                op = Op(OpKind.BW, s, i)
+                arrived = ready(op)
+                if arrived is not None:
+                    yield max(free_at[device], arrived), 0, op
             i = next_forward[s]
             admits = s != first_on[device] or held[device] + reserved[device] + footprint[device] <= memory.budget
             if i < m and admits:
-                ready = 0.0 if s == 0 else forward_end.get((s - 1, i))
-                if ready is not None:
-                    yield max(free_at[device], arrival(s, s - 1, ready) if s else 0.0), 1, s, OpKind.F, i
+                op = Op(OpKind.F, s, i)
+                arrived = ready(op)
+                if arrived is not None:
+                    yield max(free_at[device], arrived), 1, op
 
     remaining = 2 * pipe.stages * m
     while remaining:
         heap = [c for d in range(p) for c in candidates(d)]
         if not heap:  # cannot happen for a valid problem (see the docstring); say so if it does
-            raise RuntimeError("1F1B-capped: no op can start; the memory-capped order deadlocked")
-        start, _, s, kind, i = heapq.nsmallest(1, heap)[0]
-        d = device_of[s]
-        if kind is OpKind.F:
-            end = start + costs.forward[s]
-            forward_end[(s, i)] = end
+            raise InternalError("1F1B-capped: no op can start; the memory-capped order deadlocked")
+        start, _, op = heapq.nsmallest(1, heap)[0]
+        s, d = op.stage, device_of[op.stage]
+        end_of[op] = end = start + duration_ms(problem, op)
+        if op.kind is OpKind.F:
             next_forward[s] += 1
-            held[d] += memory.activation[s]
+            held[d] += size[s]
             if s == first_on[d]:
                 reserved[d] += footprint[d]
-            reserved[d] -= memory.activation[s]
+            reserved[d] -= size[s]
         else:
-            end = start + costs.backward(s)
-            backward_end[(s, i)] = end
             next_backward[s] += 1
-            held[d] -= memory.activation[s]
+            held[d] -= size[s]
         free_at[d] = end
-        orders[d].append(Op(kind, s, i))
+        orders[d].append(op)
         remaining -= 1
     return Schedule.of("1F1B-capped", orders)
