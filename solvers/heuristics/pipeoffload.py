@@ -29,7 +29,8 @@ only make a backward wait, so both run exactly as fast as GIS-H.
 from __future__ import annotations
 
 from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Schedule
+from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.compiler.semantics import duration_ms
 from optpipe.compiler.simulate import simulate
 
 from ..offload_slots import add_hidden_offloads, longest_lived_stages, offloadable, round_trip_ms
@@ -84,15 +85,15 @@ def po_h(problem: Problem) -> Schedule:
 @register("PO-F", _SOURCE, "GIS-H with every activation offloaded that fits a round trip; needs k <= 1")
 def po_f(problem: Problem) -> Schedule:
     _require_offload(problem, "PO-F")
-    costs = problem.costs
     for stage in range(problem.stages):
+        out, back = (duration_ms(problem, Op(kind, stage, 0)) for kind in (OpKind.OFFLOAD, OpKind.RELOAD))
         trip = round_trip_ms(problem, stage)
-        compute = costs.forward[stage] + costs.backward_input[stage]
+        compute = sum(duration_ms(problem, Op(kind, stage, 0)) for kind in (OpKind.F, OpKind.B))
         k = trip / compute
         require(k <= 1 + K_TOLERANCE,
                 f"PO-F offloads every activation, which the host link hides only when a round trip takes no "
-                f"longer than the stage's F + B (k <= 1); stage {stage}: offload {problem.offload_ms(stage):.2f} ms "
-                f"+ reload {problem.reload_ms(stage):.2f} ms = {trip:.2f} ms > F + B = {compute:.2f} ms "
+                f"longer than the stage's F + B (k <= 1); stage {stage}: offload {out:.2f} ms "
+                f"+ reload {back:.2f} ms = {trip:.2f} ms > F + B = {compute:.2f} ms "
                 f"(k = {k:.2f}); use PO-H, which offloads only the longest-lived half")
     base = gis_h(problem)
     return add_hidden_offloads(problem, base, offloadable(simulate(problem, base))).renamed("PO-F")
