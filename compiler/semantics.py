@@ -58,6 +58,7 @@ __all__ = [
     "CHANNEL",
     "duration_ms",
     "stage_ms",
+    "kept_bytes",
     "lag_ms",
     "exact_ms",
     "waits",
@@ -186,6 +187,18 @@ def lag_ms(problem: Problem, a: int, b: int) -> float:
 
 
 _lag = lag_ms
+
+
+def kept_bytes(problem: Problem, stage: int) -> tuple[int, int]:
+    """(what F's start takes on the device, what stays after B until W ends) for a kept activation,
+    read off ``holds``: for list schedulers that track memory per stage rather than per hold."""
+    taken = after_b = 0
+    for hold in holds(problem, stage, 0):
+        if hold.place is Place.DEVICE:
+            taken += hold.bytes
+            if hold.ends.op.kind is _W:
+                after_b += hold.bytes
+    return taken, after_b
 
 
 def stage_ms(problem: Problem, kind: OpKind) -> tuple[float, ...]:
