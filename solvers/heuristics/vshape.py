@@ -45,7 +45,7 @@ from optpipe.compiler.schedule import Schedule
 from optpipe.compiler.simulate import simulate
 
 from ..registry import register, require
-from ._greedy import cost_aware
+from ._greedy import _uniform, cost_aware, cost_aware_v
 from ._vshape_blocks import REORDERS, VBlock, v_schedule
 
 __all__ = ["ZBV_BLOCK", "V_HALF_BLOCK", "V_MIN_BLOCK", "zbv", "v_half", "v_min"]
@@ -77,7 +77,10 @@ def _fastest(name: str, problem: Problem, block: VBlock) -> Schedule:
         key = (timeline.makespan, timeline.peak)
         if timeline.peak <= cap and (best_key is None or key < best_key):
             best, best_key = candidate, key
-    return cost_aware(problem, best)
+    best = cost_aware(problem, best)
+    if _uniform(problem):
+        return best
+    return cost_aware_v(problem, best, default, cap)
 
 
 def _require_vshape(name: str, problem: Problem) -> None:
