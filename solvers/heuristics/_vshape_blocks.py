@@ -109,8 +109,47 @@ def v_schedule(name: str, problem: Problem, block: VBlock, how: Reorder = Reorde
     """
     pipe, memory = problem.pipeline, problem.memory
     keep = memory.activation if how.whole_until_w else memory.weight_activation
-    orders = _orders(block, pipe.devices, pipe.microbatches, memory.activation, keep, how)
+    p, m = pipe.devices, pipe.microbatches
+    short = _short(p)
+    if m <= short:
+        orders = _orders(block, p, m, memory.activation, keep, how)
+    else:
+        orders = _extend(_orders(block, p, short, memory.activation, keep, how), m - short)
     return Schedule.of(name, orders)
+
+
+def _short(p: int) -> int:
+    """Microbatches beyond which an order is its steady state repeated (see ``_extend``)."""
+    return 3 * p + 12
+
+
+def _extend(orders: tuple[tuple[Op, ...], ...], extra: int) -> tuple[tuple[Op, ...], ...]:
+    """``orders`` with ``extra`` more microbatches: the steady state repeated ``extra`` more times.
+
+    Reordering only moves passes of the warm-up and cool-down, whose length does not depend on
+    the number of microbatches, and the steady state repeats one microbatch's six passes per
+    device (each one microbatch on from the last). So the order for m microbatches is the one
+    for fewer with more repeats in the middle, and computing that is O(ops) instead of the
+    reordering's O(ops x slots); tests/test_heuristics_v.py checks it against the direct order.
+    """
+    def shift(op: Op, by: int) -> Op:
+        return Op(op.kind, op.stage, op.microbatch + by)
+
+    extended = []
+    for ops in orders:
+        n, period = len(ops), INTERVAL
+        middle = n // 2 - period
+        window = None
+        for a in sorted(range(period, n - 3 * period), key=lambda k: abs(k - middle)):
+            if all(ops[k + period] == shift(ops[k], 1) for k in range(a - period, a + 2 * period)):
+                window = a
+                break
+        if window is None:
+            raise ValueError("no steady state to repeat")  # the caller computes the order directly
+        head, repeat, tail = ops[:window + period], ops[window:window + period], ops[window + period:]
+        extended.append(head + tuple(shift(op, t) for t in range(1, extra + 1) for op in repeat)
+                        + tuple(shift(op, extra) for op in tail))
+    return tuple(extended)
 
 
 @lru_cache(maxsize=256)
