@@ -120,7 +120,7 @@ def v_schedule(name: str, problem: Problem, block: VBlock, how: Reorder = Reorde
 
 def _short(p: int) -> int:
     """Microbatches beyond which an order is its steady state repeated (see ``_extend``)."""
-    return 3 * p + 12
+    return 2 * p + 8
 
 
 def _extend(orders: tuple[tuple[Op, ...], ...], extra: int) -> tuple[tuple[Op, ...], ...]:
