@@ -23,7 +23,7 @@ model needs 6m + 6(p-1).
 - V-Min: offsets 1, 1, 1, 1; lifespans about 4p slots, 2p/3 intervals: a third of 1F1B's memory
   as p grows. Peak: the paper's (p+4)//3 whole-device activations (1/2 of 1F1B's at p = 4 and
   8, 5/12 at p = 12). Idle time about two thirds of 1F1B's (the paper's ~2p/3m against ~p/m);
-  measured 4p-5, or 4p-6 when 3 divides p (below).
+  measured 4p-5, or 4p-7 when 3 divides p (below).
 
 Measured idle times are for 3 <= p <= 16, m >= 2p, F = B = W, p2p = 0 and weight_activation =
 activation/2 (tests/test_heuristics_v.py checks p up to 8); they do not grow with m.
