@@ -89,4 +89,4 @@ def test_ratio_summary_per_schedule(capsys):
         ratios.setdefault(row["schedule"], []).append(_ours(*_key(row))[0] / row["makespan"])
     for name, values in ratios.items():
         print(f"{name:8s} shapes {len(values):3d}  worst {max(values):.4f}  mean {sum(values) / len(values):.4f}")
-    assert all(max(values) <= max(SHORTFALLS.values(), default=1.0) for values in ratios.values())
+    assert all(max(values) <= max(SHORTFALLS.values(), default=1.0) + 1e-9 for values in ratios.values())
