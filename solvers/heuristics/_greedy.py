@@ -33,7 +33,8 @@ everything that could reach it earlier has been placed: the times computed here 
 the simulator's (same rules: device order, data dependencies, p2p between devices).
 ``cost_aware`` runs these variants next to a paper's schedule and keeps the fastest within its
 peak; which variants it tries is what the reference grid showed to matter (KEEP_POLICIES,
-POLICIES).
+POLICIES). ``v_rounds`` / ``cost_aware_v`` build V-shape orders round by round instead (one B
+and one F per device and round, W at real costs), the way the authors' ZB-V generator does.
 """
 
 from __future__ import annotations
@@ -266,10 +267,11 @@ class RoundPolicy:
 
     ``b_by_ready``: a device whose two chunks both have a B it may run takes the one whose
     gradient arrives first (ties: the first chunk's); otherwise the first chunk's whenever its
-    gradient is there (the older microbatch, about to leave the pipeline). ``idle_b`` / ``idle_f``: before a B / an F whose input arrives later than
-    a W would take, run a W anyway when waiting would leave this device idle longer than the
-    idlest device so far (idle time on the device that sets the makespan is what counts; idle
-    time elsewhere is free), besides the Ws that end before the input arrives.
+    gradient is there (the older microbatch, about to leave the pipeline). ``idle_b`` /
+    ``idle_f``: before a B / an F whose input arrives later than a W would take, run a W anyway
+    when waiting would leave this device idle longer than the idlest device so far (idle time
+    on the device that sets the makespan is what counts; idle time elsewhere is free), besides
+    the Ws that end before the input arrives.
     """
 
     b_by_ready: bool = False
@@ -289,8 +291,9 @@ def v_rounds(name: str, problem: Problem, cap: int, warmup: Schedule, policy: Ro
     which already fills the pipeline under the cap). Then every round gives each device one B and
     then one F, as in the steady state of the V blocks (F B W of each chunk per microbatch), but
     which chunk's B and F, and where the W go, is decided with the real per-stage costs and p2p:
-    B of the second chunk (stage 2p-1-d) when its gradient is there, else of the first; F of the
-    second chunk when its input is there, else of the first; W fill idle time before an op when
+    B of the first chunk (stage d) when its gradient is there, else of the second (stage
+    2p-1-d; ``policy`` may prefer the one whose gradient comes first); F of the second chunk
+    when its input is there, else of the first; W fill idle time before an op when
     they end before its input arrives (and by ``policy``), and run when the cap needs the room
     for an F. An F that does not fit even after every waiting W waits for a later round.
 
@@ -305,7 +308,7 @@ def v_rounds(name: str, problem: Problem, cap: int, warmup: Schedule, policy: Ro
     act, keep = memory.activation, memory.weight_activation
     fwd, bwd, wgt, p2p = costs.forward, costs.backward_input, costs.backward_weight, costs.p2p
     device_of = [pipe.device_of(s) for s in range(stages)]
-    low = [d for d in range(p)]  # chunk 0 of device d: stage d; chunk 1: stage 2p-1-d
+    low = list(range(p))  # chunk 0 of device d: stage d; chunk 1: stage 2p-1-d
     high = [2 * p - 1 - d for d in range(p)]
     f_end: list[dict[int, float]] = [{} for _ in range(stages)]
     b_end: list[dict[int, float]] = [{} for _ in range(stages)]
@@ -406,7 +409,7 @@ def v_rounds(name: str, problem: Problem, cap: int, warmup: Schedule, policy: Ro
         # (older microbatch, on the way out of the pipeline) when its gradient is there, unless
         # the policy says otherwise; else the second chunk's. The first chunks' gradients run
         # back up the V (device p-1 first), the second chunks' down it (device 0 first).
-        low_b = []
+        low_b: list[int] = []
         for d in range(p):
             lo_ready = ready_of(_B, low[d])
             if lo_ready is None:
@@ -422,8 +425,9 @@ def v_rounds(name: str, problem: Problem, cap: int, warmup: Schedule, policy: Ro
             fill(d, ready, policy.idle_b)
             run(d, _B, low[d], ready)
             moved = True
+        took_low = set(low_b)
         for d in range(p):
-            if d in low_b:
+            if d in took_low:
                 continue
             ready = ready_of(_B, high[d])
             if ready is not None:

@@ -35,7 +35,10 @@ less (7 instead of 8 at p = 8) and the others hold the same.
 All of the above is for F = B = W and p2p = 0, where the block schedule is returned as it is. At
 other costs the generator also tries cost-aware orders under the block schedule's peak memory
 (``_greedy.cost_aware``: the block's F/B order with every W placed at real costs, and list
-schedules) and returns the fastest.
+schedules; ``_greedy.cost_aware_v``: a round-based V order that decides each device's next B, F
+and W at real costs, as the authors' zbv.py does for ZB-V) and returns the fastest. On the
+reference grid (tests/test_heuristics_reference.py) none of the three is slower than the
+authors' generators at no more peak.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def _fastest(name: str, problem: Problem, block: VBlock) -> Schedule:
 
     The default reordering sets the memory limit (the paper's peak, as counted above); the
     others differ in how W fill the free slots and which moves the memory check allows, and at
-    real costs one or another is faster.
+    real costs one or another is faster. At costs other than F = B = W, p2p = 0 the round-based
+    orders (``cost_aware_v``) under the same limit are tried too.
     """
     default = v_schedule(name, problem, block)
     cap = simulate(problem, default).peak
