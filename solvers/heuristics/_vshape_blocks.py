@@ -111,10 +111,14 @@ def v_schedule(name: str, problem: Problem, block: VBlock, how: Reorder = Reorde
     keep = memory.activation if how.whole_until_w else memory.weight_activation
     p, m = pipe.devices, pipe.microbatches
     short = _short(p)
-    if m <= short:
+    orders = None
+    if m > short:
+        try:
+            orders = _extend(_orders(block, p, short, memory.activation, keep, how), m - short)
+        except ValueError:  # no steady state found in the shorter order (not seen): reorder them all
+            orders = None
+    if orders is None:
         orders = _orders(block, p, m, memory.activation, keep, how)
-    else:
-        orders = _extend(_orders(block, p, short, memory.activation, keep, how), m - short)
     return Schedule.of(name, orders)
 
 
@@ -145,7 +149,7 @@ def _extend(orders: tuple[tuple[Op, ...], ...], extra: int) -> tuple[tuple[Op, .
                 window = a
                 break
         if window is None:
-            raise ValueError("no steady state to repeat")  # the caller computes the order directly
+            raise ValueError("no steady state to repeat")
         head, repeat, tail = ops[:window + period], ops[window:window + period], ops[window + period:]
         extended.append(head + tuple(shift(op, t) for t in range(1, extra + 1) for op in repeat)
                         + tuple(shift(op, extra) for op in tail))
