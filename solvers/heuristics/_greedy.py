@@ -248,9 +248,11 @@ def cost_aware(problem: Problem, base: Schedule, search: bool = True) -> Schedul
                   for policy in KEEP_POLICIES for after in (None, "last F", "first B")]
     if search:
         candidates += [greedy_schedule(base.name, problem, cap, policy) for policy in POLICIES]
+    seen = {base.devices}  # variants often give the same order: time each order once
     for candidate in candidates:
-        if candidate is None:
+        if candidate is None or candidate.devices in seen:
             continue
+        seen.add(candidate.devices)
         judged = simulate(problem, candidate)
         key = (judged.makespan, judged.peak)
         if judged.peak <= cap and key < best_key:
