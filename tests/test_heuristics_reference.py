@@ -2,9 +2,9 @@
 
 ``tests/data/reference_schedules.json`` holds the authors' makespans and peaks on a grid of
 (schedule, cost mix, p, m), re-timed by our simulator (its "about" says how they were made).
-Each of our schedules must be at most as slow at no more peak memory. The few shapes where
-ours is still slower are listed in ``SHORTFALLS`` with the ratio measured when they were
-recorded, so that the gap is visible and cannot grow unnoticed.
+Each of our schedules must be at most as slow at no more peak memory, on every row.
+``SHORTFALLS`` would list a shape where ours is still slower, with the ratio allowed; it is
+empty.
 """
 
 from __future__ import annotations
@@ -22,47 +22,11 @@ from optpipe.solvers.registry import generate
 DATA = json.loads((Path(__file__).resolve().parent / "data" / "reference_schedules.json").read_text())
 ROWS = [row for row in DATA["rows"] if row["makespan"] is not None]
 
-# (schedule, mix, p, m) -> ours / reference makespan when recorded: the remaining gaps (see the report of
-# issue 10). ZBV: the authors' zbv.py re-decides the steady state's F/B order with real costs; ours keeps
-# the block's order and re-places W. V-Min: one slot of the warm-up/cool-down reordering when 3 divides p.
-SHORTFALLS: dict[tuple[str, str, int, int], float] = {
-    ('ZBV', 'zb-paper', 4, 4): 1.0024,
-    ('ZBV', 'zb-paper', 4, 8): 1.0039,
-    ('ZBV', 'zb-paper', 4, 16): 1.0021,
-    ('ZBV', 'zb-paper', 4, 32): 1.0011,
-    ('ZBV', 'zb-paper', 6, 12): 1.0043,
-    ('ZBV', 'zb-paper', 6, 24): 1.0023,
-    ('ZBV', 'zb-paper', 8, 8): 1.0012,
-    ('ZBV', 'zb-paper', 8, 16): 1.0045,
-    ('ZBV', 'zb-paper', 8, 32): 1.0024,
-    ('ZBV', 'zb-paper', 8, 64): 1.0013,
-    ('ZBV', 'zb-paper', 12, 24): 1.0038,
-    ('ZBV', 'zb-paper', 16, 16): 1.0012,
-    ('ZBV', 'zb-paper', 16, 32): 1.0029,
-    ('ZBV', 'b-heavy', 4, 16): 1.0099,
-    ('ZBV', 'b-heavy', 4, 32): 1.0051,
-    ('ZBV', 'b-heavy', 6, 12): 1.0082,
-    ('ZBV', 'b-heavy', 6, 24): 1.0044,
-    ('ZBV', 'b-heavy', 8, 16): 1.0121,
-    ('ZBV', 'b-heavy', 8, 32): 1.0065,
-    ('ZBV', 'b-heavy', 8, 64): 1.0034,
-    ('ZBV', 'b-heavy', 12, 24): 1.0080,
-    ('ZBV', 'b-heavy', 16, 32): 1.0060,
-    ('V-Min', 'w-heavy', 6, 12): 1.0065,
-    ('V-Min', 'w-heavy', 6, 24): 1.0036,
-    ('V-Min', 'w-heavy', 12, 24): 1.0032,
-    ('ZBV', 'uneven', 4, 8): 1.0041,
-    ('ZBV', 'uneven', 4, 16): 1.0022,
-    ('ZBV', 'uneven', 4, 32): 1.0011,
-    ('ZBV', 'uneven', 8, 8): 1.0005,
-    ('ZBV', 'uneven', 8, 16): 1.0016,
-    ('ZBV', 'uneven', 8, 32): 1.0009,
-    ('ZBV', 'uneven', 8, 64): 1.0005,
-    ('ZBV', 'uneven', 16, 32): 1.0084,
-    ('V-Min', 'equal', 6, 12): 1.0113,
-    ('V-Min', 'equal', 6, 24): 1.0063,
-    ('V-Min', 'equal', 12, 24): 1.0055,
-}
+# (schedule, mix, p, m) -> allowed ours / reference makespan: none is left. ZBV's gap (the authors' zbv.py
+# re-decides the steady state's F/B order with real costs) closed with the round-based construction
+# (_greedy.v_rounds), V-Min's (one slot when 3 divides p) with squeezing between the reordering passes
+# (_vshape_blocks.Reorder.squeeze), as the authors' zbv_greedy.py does.
+SHORTFALLS: dict[tuple[str, str, int, int], float] = {}
 
 
 def _costs(mix: dict, stages: int) -> Costs:
@@ -125,4 +89,4 @@ def test_ratio_summary_per_schedule(capsys):
         ratios.setdefault(row["schedule"], []).append(_ours(*_key(row))[0] / row["makespan"])
     for name, values in ratios.items():
         print(f"{name:8s} shapes {len(values):3d}  worst {max(values):.4f}  mean {sum(values) / len(values):.4f}")
-    assert all(max(values) <= max(SHORTFALLS.values(), default=1.0) for values in ratios.values())
+    assert all(max(values) <= max(SHORTFALLS.values(), default=1.0) + 1e-9 for values in ratios.values())

@@ -26,7 +26,7 @@ from optpipe.compiler.errors import NotApplicable
 from optpipe.compiler.problem import Costs, Memory, Placement, Problem
 from optpipe.compiler.schedule import OpKind
 from optpipe.compiler.simulate import Timeline, simulate
-from optpipe.solvers.heuristics._vshape_blocks import INTERVAL
+from optpipe.solvers.heuristics._vshape_blocks import INTERVAL, REORDERS, _extend, _orders, _short
 from optpipe.solvers.heuristics.vshape import V_HALF_BLOCK, V_MIN_BLOCK, ZBV_BLOCK
 from optpipe.solvers.registry import generate
 
@@ -82,6 +82,18 @@ def test_collision_gaps_match_the_reference_blocks(p):
         (2 * d, 3 * p - 2 - d, 3 * p + gap_half + 2 * d - 1, 6 * p + gap_half - d - 2) for d in range(p))
     assert ZBV_BLOCK.slots(p) == tuple(
         (4 * d, 6 * p - 3 - 2 * d, 6 * p - 2 + 4 * d, 12 * p - 5 - 2 * d) for d in range(p))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+def test_long_orders_repeat_the_steady_state_of_a_short_one(name, p):
+    """Orders for many microbatches are built by repeating a shorter order's steady state
+    (``_extend``); they are exactly what reordering the whole repeated block gives."""
+    short = _short(p)
+    for how in REORDERS:
+        for keep in ((1,) * 2 * p, (2,) * 2 * p):
+            base = _orders(BLOCKS[name], p, short, (2,) * 2 * p, keep, how)
+            assert _extend(base, 3) == _orders(BLOCKS[name], p, short + 3, (2,) * 2 * p, keep, how)
 
 
 # --------------------------------------------------------------------------- every schedule runs
@@ -172,7 +184,8 @@ def test_v_min_memory_is_the_papers_count(p, m):
 def test_bubbles_against_one_f_one_b_and_the_paper(p, m):
     """Idle time above 6m: 1F1B's 6(p-1); V-Half at most half of it and below the paper's ~3p
     (here 3p-7 for even p, 3p-4 for odd); V-Min at most two thirds and below the paper's ~4p
-    (here 4p-5, 4p-6 when 3 | p). Ours sit a little under the paper's leading terms because the warm-up and
+    (here 4p-5, 4p-7 when 3 | p, as the authors' generator gives; at p = 3 that ties V-Half). Ours sit a
+    little under the paper's leading terms because the warm-up and
     cool-down are reordered; the table's figures ignore those ends."""
     baseline = _idle(_one_f_one_b(p, m), m)
     assert baseline == 6 * (p - 1)
@@ -180,8 +193,8 @@ def test_bubbles_against_one_f_one_b_and_the_paper(p, m):
     assert half <= baseline / 2 and half <= 3 * p
     assert least <= baseline * 2 / 3 and least <= 4 * p
     assert half == (3 * p - 7 if p % 2 == 0 else 3 * p - 4)
-    assert least == (4 * p - 6 if p % 3 == 0 else 4 * p - 5)
-    assert _idle(_run("ZBV", _vshape(p, m)), m) < half < least
+    assert least == (4 * p - 7 if p % 3 == 0 else 4 * p - 5)
+    assert _idle(_run("ZBV", _vshape(p, m)), m) < half <= least
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -81,15 +81,19 @@ class Reorder:
     ``whole_until_w``: moves are checked counting each activation as held until its W, as if B
     freed nothing (the paper's count; stricter than DESIGN.md's when weight_activation <
     activation). ``warmup_twice``: the second pass (B before W) reorders the warm-up again, not
-    only the cool-down.
+    only the cool-down. ``squeeze``: after each pass the slots are squeezed (every op moved to
+    the earliest slot its device and what it needs allow, in the same order, W included) before
+    the next step, so the second pass and the final W see the gaps the first pass closed.
     """
 
     upper_first: bool = False
     whole_until_w: bool = False
     warmup_twice: bool = True
+    squeeze: bool = False
 
 
-REORDERS = tuple(Reorder(u, s, t) for t in (True, False) for s in (False, True) for u in (False, True))
+REORDERS = tuple(Reorder(u, s, t, q) for q in (False, True) for t in (True, False) for s in (False, True)
+                 for u in (False, True))
 
 
 def v_schedule(name: str, problem: Problem, block: VBlock, how: Reorder = Reorder()) -> Schedule:
@@ -105,8 +109,51 @@ def v_schedule(name: str, problem: Problem, block: VBlock, how: Reorder = Reorde
     """
     pipe, memory = problem.pipeline, problem.memory
     keep = memory.activation if how.whole_until_w else memory.weight_activation
-    orders = _orders(block, pipe.devices, pipe.microbatches, memory.activation, keep, how)
+    p, m = pipe.devices, pipe.microbatches
+    short = _short(p)
+    orders = None
+    if m > short:
+        try:
+            orders = _extend(_orders(block, p, short, memory.activation, keep, how), m - short)
+        except ValueError:  # no steady state found in the shorter order (not seen): reorder them all
+            orders = None
+    if orders is None:
+        orders = _orders(block, p, m, memory.activation, keep, how)
     return Schedule.of(name, orders)
+
+
+def _short(p: int) -> int:
+    """Microbatches beyond which an order is its steady state repeated (see ``_extend``)."""
+    return 2 * p + 8
+
+
+def _extend(orders: tuple[tuple[Op, ...], ...], extra: int) -> tuple[tuple[Op, ...], ...]:
+    """``orders`` with ``extra`` more microbatches: the steady state repeated ``extra`` more times.
+
+    Reordering only moves passes of the warm-up and cool-down, whose length does not depend on
+    the number of microbatches, and the steady state repeats one microbatch's six passes per
+    device (each one microbatch on from the last). So the order for m microbatches is the one
+    for fewer with more repeats in the middle, and computing that is O(ops) instead of the
+    reordering's O(ops x slots); tests/test_heuristics_v.py checks it against the direct order.
+    """
+    def shift(op: Op, by: int) -> Op:
+        return Op(op.kind, op.stage, op.microbatch + by)
+
+    extended = []
+    for ops in orders:
+        n, period = len(ops), INTERVAL
+        middle = n // 2 - period
+        window = None
+        for a in sorted(range(period, n - 3 * period), key=lambda k: abs(k - middle)):
+            if all(ops[k + period] == shift(ops[k], 1) for k in range(a - period, a + 2 * period)):
+                window = a
+                break
+        if window is None:
+            raise ValueError("no steady state to repeat")
+        head, repeat, tail = ops[:window + period], ops[window:window + period], ops[window + period:]
+        extended.append(head + tuple(shift(op, t) for t in range(1, extra + 1) for op in repeat)
+                        + tuple(shift(op, extra) for op in tail))
+    return tuple(extended)
 
 
 @lru_cache(maxsize=256)
@@ -129,9 +176,16 @@ def _orders(block: VBlock, p: int, m: int, activation: tuple[int, ...], keep: tu
         return slot > cooldown_start
 
     first = _reorder(problem, with_weights, cap, movable, fill=None)
+    if how.squeeze:
+        first = _squeeze(first, stages - 1)
+        warmup_end = first[0][Op(_B, 0, 0)]
+        cooldown_start = first[0][Op(_F, 0, m - 1)]
     without_weights = [{op: slot for op, slot in device.items() if op.kind is not _W} for device in first]
     if all(_peak(problem, fill(device)) <= cap for device in without_weights):
         second = _reorder(problem, without_weights, cap, movable if how.warmup_twice else cooldown, fill=fill)
+        if how.squeeze:
+            second = _squeeze([_fill_weights(device) for device in second], stages - 1)
+            second = [{op: slot for op, slot in device.items() if op.kind is not _W} for device in second]
         final = [fill(device) for device in second]
     else:
         # Refilling W in B's order would already pass the cap (possible only when stages keep
@@ -176,6 +230,19 @@ def _fill_weights(device: dict[Op, int], upper: int | None = None) -> dict[Op, i
             filled[heapq.heappop(waiting)[2]] = slot
         slot += 1
     return filled
+
+
+def _squeeze(plan: _Plan, last_stage: int) -> _Plan:
+    """Every op at the earliest slot its device's order and what it needs allow (one slot each)."""
+    device_of = {op: d for d, device in enumerate(plan) for op in device}
+    end: dict[Op, int] = {}
+    free = [0] * len(plan)
+    squeezed: _Plan = [{} for _ in plan]
+    for slot, d, op in sorted((slot, d, op) for d, device in enumerate(plan) for op, slot in device.items()):
+        start = max([free[d]] + [end[need] for need in _needs(op, last_stage) if need in device_of])
+        squeezed[d][op] = start
+        end[op] = free[d] = start + 1
+    return squeezed
 
 
 def _in_order(device: dict[Op, int]) -> list[Op]:
