@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.compiler.semantics import kept_bytes, lag_ms, stage_ms
 
 __all__ = ["GreedyPolicy", "greedy_schedule", "cost_aware", "POLICIES", "KEEP_POLICIES", "RoundPolicy",
            "ROUND_POLICIES", "v_rounds", "cost_aware_v"]
@@ -59,6 +60,12 @@ class GreedyPolicy:
     alternate: bool = False  # after its first B a device prefers F after B and B after F (1F1B's rhythm)
 
 
+
+def _stage_bytes(problem: Problem) -> tuple[list[int], list[int]]:
+    """Per stage, what a kept activation takes at F's start and what W still holds after B."""
+    pairs = [kept_bytes(problem, s) for s in range(problem.stages)]
+    return [taken for taken, _ in pairs], [after_b for _, after_b in pairs]
+
 # The policies that were ever the fastest on the reference grid (tests/test_heuristics_reference.py):
 # with a given order to keep (W placement only, or choosing freely after the warm-up or cool-down
 # starts), and for the free list schedule.
@@ -69,11 +76,11 @@ POLICIES = (GreedyPolicy(True, True), GreedyPolicy(False, True), GreedyPolicy(Fa
 def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
                     keep_order: Schedule | None = None, free_after: str | None = None) -> Schedule | None:
     """The list schedule for ``cap`` bytes per device, or None when it deadlocks or cannot fit."""
-    pipe, costs, memory = problem.pipeline, problem.costs, problem.memory
+    pipe = problem.pipeline
     p, m, stages = pipe.devices, pipe.microbatches, pipe.stages
     last = stages - 1
-    act, keep = memory.activation, memory.weight_activation
-    fwd, bwd, wgt, p2p = costs.forward, costs.backward_input, costs.backward_weight, costs.p2p
+    act, keep = _stage_bytes(problem)
+    fwd, bwd, wgt = (stage_ms(problem, kind) for kind in (_F, _B, _W))
     device_of = [pipe.device_of(s) for s in range(stages)]
     mine = [sorted(pipe.stages_on(d), reverse=True) for d in range(p)]  # higher stage first
     entry = [min(pipe.stages_on(d)) for d in range(p)]
@@ -95,7 +102,7 @@ def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
     orders: list[list[Op]] = [[] for _ in range(p)]
 
     def hop(a: int, b: int) -> float:
-        return p2p if device_of[a] != device_of[b] else 0.0
+        return lag_ms(problem, a, b)
 
     def ready_of(op: Op):
         """When ``op``'s input arrives, or None while what it needs is not placed."""
@@ -304,12 +311,11 @@ def v_rounds(name: str, problem: Problem, cap: int, warmup: Schedule, policy: Ro
     averaged over stages, as the authors' generator sees them, which on uneven stages sometimes
     decides better. O(ops): quick at any size.
     """
-    pipe, costs, memory = problem.pipeline, problem.costs, problem.memory
+    pipe = problem.pipeline
     p, m, stages = pipe.devices, pipe.microbatches, pipe.stages
     last = stages - 1
-    act, keep = memory.activation, memory.weight_activation
-    fwd, bwd, wgt, p2p = costs.forward, costs.backward_input, costs.backward_weight, costs.p2p
-    device_of = [pipe.device_of(s) for s in range(stages)]
+    act, keep = _stage_bytes(problem)
+    fwd, bwd, wgt = (stage_ms(problem, kind) for kind in (_F, _B, _W))
     low = list(range(p))  # chunk 0 of device d: stage d; chunk 1: stage 2p-1-d
     high = [2 * p - 1 - d for d in range(p)]
     f_end: list[dict[int, float]] = [{} for _ in range(stages)]
@@ -337,7 +343,7 @@ def v_rounds(name: str, problem: Problem, cap: int, warmup: Schedule, policy: Ro
             end, source = b_end[s + 1].get(i), s + 1
         if end is None:
             return None
-        return end + (p2p if device_of[source] != device_of[s] else 0.0)
+        return end + lag_ms(problem, source, s)
 
     def run_w(d: int) -> None:
         s, i = waiting[d].popleft()

@@ -25,6 +25,7 @@ from typing import Callable
 
 from optpipe.compiler.problem import Costs, Memory, Pipeline, Placement, Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.compiler.semantics import kept_bytes
 
 __all__ = ["INTERVAL", "VBlock", "Reorder", "REORDERS", "v_schedule"]
 
@@ -107,18 +108,19 @@ def v_schedule(name: str, problem: Problem, block: VBlock, how: Reorder = Reorde
     ``how`` picks the details (``Reorder``); the default is the first of ``REORDERS``.
     Only the shape and the memory sizes matter (not the costs), so orders are cached by those.
     """
-    pipe, memory = problem.pipeline, problem.memory
-    keep = memory.activation if how.whole_until_w else memory.weight_activation
+    pipe = problem.pipeline
+    taken, after_b = zip(*(kept_bytes(problem, s) for s in range(problem.stages)))
+    keep = taken if how.whole_until_w else after_b
     p, m = pipe.devices, pipe.microbatches
     short = _short(p)
     orders = None
     if m > short:
         try:
-            orders = _extend(_orders(block, p, short, memory.activation, keep, how), m - short)
+            orders = _extend(_orders(block, p, short, taken, keep, how), m - short)
         except ValueError:  # no steady state found in the shorter order (not seen): reorder them all
             orders = None
     if orders is None:
-        orders = _orders(block, p, m, memory.activation, keep, how)
+        orders = _orders(block, p, m, taken, keep, how)
     return Schedule.of(name, orders)
 
 
@@ -251,7 +253,7 @@ def _in_order(device: dict[Op, int]) -> list[Op]:
 
 def _peak(problem: Problem, device: dict[Op, int]) -> int:
     """Peak activation memory of a device that runs these ops in slot order (one op per slot)."""
-    act, keep = problem.memory.activation, problem.memory.weight_activation
+    act, keep = zip(*(kept_bytes(problem, s) for s in range(problem.stages)))
     size = max(device.values()) + 1
     change = [0] * size  # F allocates at its start; B and W free at their end
     starts = [False] * size
