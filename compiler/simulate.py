@@ -270,6 +270,16 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     return _replay_memory(problem, schedule, timings, makespan, first)
 
 
+def _successors(preds) -> tuple[list[list[tuple[int, float]]], list[int]]:
+    """The wait graph turned around: per node its (successor, lag) and how many waits it has."""
+    succs: list[list[tuple[int, float]]] = [[] for _ in preds]
+    indegree = [len(mine) for mine in preds]
+    for k, mine in enumerate(preds):
+        for p, lag in mine:
+            succs[p].append((k, lag))
+    return succs, indegree
+
+
 def _paths(problem: Problem, ops, node_device, preds, duration) -> tuple[list[float], list[float]]:
     if problem.offload.enabled and problem.offload.link_groups:
         return _shared_paths(problem, ops, node_device, preds, duration)
@@ -284,12 +294,7 @@ def _shared_paths(problem: Problem, ops, node_device, preds, duration) -> tuple[
     before it has already taken the channel: the FIFO by ready time (semantics.ready_key).
     """
     count = len(ops)
-    succs: list[list[tuple[int, float]]] = [[] for _ in range(count)]
-    indegree = [0] * count
-    for k, mine in enumerate(preds):
-        indegree[k] = len(mine)
-        for p, lag in mine:
-            succs[p].append((k, lag))
+    succs, indegree = _successors(preds)
     grouped = {d for group in problem.offload.link_groups for d in group}
     position = [0] * count
     channel_of: list = [None] * count
@@ -339,12 +344,7 @@ def _shared_paths(problem: Problem, ops, node_device, preds, duration) -> tuple[
 
 def _longest_paths(ops, node_device, preds, duration) -> tuple[list[float], list[float]]:
     count = len(ops)
-    succs: list[list[tuple[int, float]]] = [[] for _ in range(count)]
-    indegree = [0] * count
-    for k, mine in enumerate(preds):
-        indegree[k] = len(mine)
-        for p, lag in mine:
-            succs[p].append((k, lag))
+    succs, indegree = _successors(preds)
     start = [0.0] * count
     end = [0.0] * count
     ready = deque(k for k in range(count) if indegree[k] == 0)

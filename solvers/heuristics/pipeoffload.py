@@ -37,7 +37,7 @@ from ..offload_slots import add_hidden_offloads, longest_lived_stages, offloadab
 from ..registry import register, require
 from .gis import gis_h
 
-__all__ = ["po_h", "po_f", "K_TOLERANCE"]
+__all__ = ["po_h", "po_f", "K_TOLERANCE", "longest_half_per_device"]
 
 _SOURCE = "Wan et al., PipeOffload (arXiv 2503.01328): selective (PO-H) and full (PO-F) offload"
 
@@ -52,7 +52,7 @@ def _require_offload(problem: Problem, name: str) -> None:
             f"[offload] enabled = true with d2h_bandwidth and h2d_bandwidth")
 
 
-def _longest_half_per_device(problem: Problem, timeline) -> frozenset[int]:
+def longest_half_per_device(problem: Problem, timeline) -> frozenset[int]:
     """On every device, the ceil(v/2) of its stages whose activations live longest.
 
     Per device, not over the whole pipeline: the stages' windows shrink from device 0 to device
@@ -77,7 +77,7 @@ def po_h(problem: Problem) -> Schedule:
     _require_offload(problem, "PO-H")
     base = gis_h(problem)
     timeline = simulate(problem, base)
-    stages = _longest_half_per_device(problem, timeline)
+    stages = longest_half_per_device(problem, timeline)
     chosen = [pair for pair in offloadable(timeline) if pair[0] in stages]
     return add_hidden_offloads(problem, base, chosen).renamed("PO-H")
 

@@ -20,18 +20,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Schedule
+from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.compiler.semantics import TOLERANCE_MS
 from optpipe.compiler.simulate import simulate
 
-from optpipe.compiler.schedule import Op, OpKind
-from optpipe.compiler.semantics import TOLERANCE_MS
-
-from ..offload_slots import activation_windows, add_hidden_offloads, add_offloads, longest_lived_stages, offloadable, \
-    round_trip_ms
+from ..offload_slots import activation_windows, add_hidden_offloads, add_offloads, offloadable, round_trip_ms
 from ..recompute import add_recomputes
 from ..registry import register, require
 from .capped import one_f_one_b_capped
 from .gis import gis_h
+from .pipeoffload import longest_half_per_device
 
 __all__ = ["capped_recompute", "po_h_recompute", "capped_recompute_offload"]
 
@@ -76,7 +74,7 @@ def po_h_recompute(problem: Problem) -> Schedule:
     require(problem.offload.enabled, "PO-H-RC offloads what the host link hides; enable [offload]")
     base = gis_h(problem)
     timeline = simulate(problem, base)
-    half = frozenset(longest_lived_stages(timeline)[: -(-problem.stages // 2)])
+    half = longest_half_per_device(problem, timeline)
     wanted = [(s, i) for s in half for i in range(problem.microbatches)]
     chosen = [pair for pair in offloadable(timeline) if pair[0] in half]
     offloaded = add_hidden_offloads(problem, base, chosen)
