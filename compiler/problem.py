@@ -324,16 +324,16 @@ def _link_groups(value: Any, devices: int) -> tuple[tuple[int, ...], ...]:
     """``[[0, 1], [2, 3]]``: devices that share one host link; each device in at most one group."""
     key = "offload.link_groups"
     if not isinstance(value, list) or not all(isinstance(group, list) for group in value):
-        raise ProblemError(f"{key}: expected a list of lists of device numbers like [[0, 1], [2, 3]], got {value!r}")
+        raise ProblemError(f"{key}: expected a list of lists of device numbers like [[0, 1], [2, 3]], got {_shown(value)}")
     seen: dict[int, int] = {}
     groups = []
     for number, group in enumerate(value):
         if len(group) < 2:
             raise ProblemError(f"{key}[{number}]: a group shares one link between at least two devices, "
-                               f"got {group!r}; leave a device with a link of its own out of every group")
+                               f"got {_shown(group)}; leave a device with a link of its own out of every group")
         for device in group:
             if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < devices:
-                raise ProblemError(f"{key}[{number}]: {device!r} is not a device; devices run 0..{devices - 1}")
+                raise ProblemError(f"{key}[{number}]: {_shown(device)} is not a device; devices run 0..{devices - 1}")
             if device in seen:
                 raise ProblemError(f"{key}[{number}]: device {device} is already in group {seen[device]}; "
                                    f"a device is in at most one link group")
@@ -345,10 +345,7 @@ def _link_groups(value: Any, devices: int) -> tuple[tuple[int, ...], ...]:
 def _offload(data: dict, devices: int | None = None) -> Offload:
     table = _table(data, "offload", required=False)
     check_keys(table, _OFFLOAD_KEYS, "offload")
-    enabled = table.get("enabled", bool(table))
-    if not isinstance(enabled, bool):
-        raise ProblemError(f"offload.enabled: expected true or false, got {_shown(enabled)}")
-    if not enabled:
+    if not _enabled(table, "offload"):
         if table.get("link_groups"):
             raise ProblemError("offload.link_groups: shared host links only matter for transfers, but offload "
                                "is not enabled; set offload.enabled = true with bandwidths, or drop link_groups")
@@ -369,12 +366,22 @@ def _offload(data: dict, devices: int | None = None) -> Offload:
     )
 
 
-def _fraction(value: Any, key: str, upper: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ProblemError(f"{key}: expected a fraction (a number, zero or more), got {value!r}")
-    if upper is not None and value > upper:
-        raise ProblemError(f"{key}: must be at most {upper:g}, got {value!r}")
+# A recompute re-runs (part of) the forward; ten forwards' time is already far beyond any real one.
+_MAX_RECOMPUTE_SHARE = 10.0
+
+
+def _fraction(value: Any, key: str, upper: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= upper:
+        raise ProblemError(f"{key}: expected a fraction from 0 to {upper:g}, got {_shown(value)}")
     return float(value)
+
+
+def _enabled(table: dict, where: str) -> bool:
+    """``enabled`` of an optional table: true by default once the table is there."""
+    enabled = table.get("enabled", bool(table))
+    if not isinstance(enabled, bool):
+        raise ProblemError(f"{where}.enabled: expected true or false, got {_shown(enabled)}")
+    return enabled
 
 
 def _recompute(data: dict, costs: Costs, memory: Memory, derived=None) -> Recompute:
@@ -389,15 +396,12 @@ def _recompute(data: dict, costs: Costs, memory: Memory, derived=None) -> Recomp
     """
     table = _table(data, "recompute", required=False)
     check_keys(table, _RECOMPUTE_KEYS, "recompute")
-    enabled = table.get("enabled", bool(table))
-    if not isinstance(enabled, bool):
-        raise ProblemError(f"recompute.enabled: expected true or false, got {enabled!r}")
-    if not enabled:
+    if not _enabled(table, "recompute"):
         return Recompute()
     stages = len(costs.forward)
     mode = table.get("mode", "full")
     if mode not in ("full", "selective"):
-        raise ProblemError(f'recompute.mode: expected "full" or "selective", got {mode!r}')
+        raise ProblemError(f'recompute.mode: expected "full" or "selective", got {_shown(mode)}')
     resident = (_per_stage(table["resident"], "recompute.resident", stages, parse_size)
                 if "resident" in table else (derived.stage_input if derived is not None else (0,) * stages))
     for stage, (kept, act) in enumerate(zip(resident, memory.activation)):
@@ -427,7 +431,7 @@ def _recompute(data: dict, costs: Costs, memory: Memory, derived=None) -> Recomp
         if "time_ms" in table:
             time_ms = _per_stage(table["time_ms"], "recompute.time_ms", stages, _milliseconds)
         else:
-            share = _fraction(table.get("time", 1.0), "recompute.time")
+            share = _fraction(table.get("time", 1.0), "recompute.time", _MAX_RECOMPUTE_SHARE)
             time_ms = tuple(share * f for f in costs.forward)
     return Recompute(True, tuple(time_ms), tuple(resident))
 

@@ -48,6 +48,7 @@ def test_link_groups_load_and_round_trip():
     ("[[0]]", "at least two devices"),
     ("[0, 1]", "list of lists"),
     ('[["a", 1]]', "is not a device"),
+    (f"[[0, {'9' * 300}]]", "an integer of .* bits is not a device"),  # a huge number is named, not printed
 ])
 def test_bad_link_groups_say_what_is_wrong(groups, message):
     with pytest.raises(ProblemError, match=message):

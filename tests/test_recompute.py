@@ -45,6 +45,10 @@ def test_full_and_selective_recompute_load_and_round_trip():
 @pytest.mark.parametrize("table, message", [
     ('resident = 200\n', "more than its activation"),
     ('time = -1\n', "expected a fraction"),
+    ('time = inf\n', "expected a fraction from 0 to 10, got inf"),
+    ('time = ' + '9' * 300 + '\n', "got an integer of"),  # was an OverflowError traceback
+    ('mode = ' + '9' * 300 + '\n', "got an integer of"),
+    ('enabled = ' + '9' * 300 + '\n', "recompute.enabled: expected true or false, got an integer of"),
     ('time = 1\ntime_ms = 2\n', "give one"),
     ('mode = "partial"\n', 'expected "full" or "selective"'),
     ('mode = "selective"\nselective_time = 0.2\n', "needs both"),
