@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(BIN)/optpipe demo
-	$(BIN)/python -m optpipe.runtime.demo --devices 4 --steps 5
+	$(BIN)/python -m optpipe.cli.train_demo --devices 4 --steps 5
 
 test: setup
 	$(BIN)/python -m pytest

@@ -17,9 +17,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from optpipe.compiler.errors import InfeasibleError
-from optpipe.compiler.problem import load_problem
-from optpipe.compiler.units import format_size
+from optpipe.core.errors import InfeasibleError
+from optpipe.core.problem import load_problem
+from optpipe.core.units import format_size
 from optpipe.solvers.compare import compare
 from optpipe.solvers.compile import compile_problem
 

@@ -26,10 +26,10 @@ import time
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from optpipe.compiler.errors import InternalError
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
-from optpipe.compiler.semantics import TOLERANCE_MS
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import InternalError
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.semantics import TOLERANCE_MS
+from optpipe.core.simulate import simulate
 
 from ._common import console, save
 
@@ -75,8 +75,8 @@ def _same(a, b) -> bool:
 
 def disagreements(problem: Problem, seconds: float, seed: int = 0) -> list[str]:
     """Every way the schedule sources disagree with the simulator on one problem, in words."""
-    from optpipe.compiler.lower import lower
-    from optpipe.compiler.verify import predict
+    from optpipe.plan.lower import lower
+    from optpipe.plan.verify import predict
     from optpipe.solvers.compare import compare
     from optpipe.solvers.cpsat import solve_cpsat
     from optpipe.solvers.lns import improve

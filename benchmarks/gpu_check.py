@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.plan.lower import lower
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 
 __all__ = ["run", "offload_schedule"]
 

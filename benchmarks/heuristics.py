@@ -9,11 +9,11 @@ import json
 
 from rich.table import Table
 
-from optpipe.compiler.commands.compare_cmd import print_comparison
-from optpipe.compiler.errors import NotApplicable
-from optpipe.compiler.problem import load_problem, problem_from_dict
-from optpipe.compiler.simulate import simulate
-from optpipe.compiler.units import format_size
+from optpipe.cli.commands.compare_cmd import print_comparison
+from optpipe.core.errors import NotApplicable
+from optpipe.core.problem import load_problem, problem_from_dict
+from optpipe.core.simulate import simulate
+from optpipe.core.units import format_size
 from optpipe.solvers.compare import compare
 from optpipe.solvers.registry import generate
 

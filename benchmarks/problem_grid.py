@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
 __all__ = ["grid", "LARGE"]
 

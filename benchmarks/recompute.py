@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from rich.table import Table
 
-from optpipe.compiler.errors import InfeasibleError
-from optpipe.compiler.problem import Recompute, load_problem
+from optpipe.core.errors import InfeasibleError
+from optpipe.core.problem import Recompute, load_problem
 from optpipe.solvers.compile import compile_problem
 
 from ._common import PROBLEMS, console, save

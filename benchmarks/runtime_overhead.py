@@ -32,10 +32,10 @@ import torch
 import torch.nn as nn
 from rich.table import Table
 
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
-from optpipe.compiler.simulate import simulate
-from optpipe.compiler.torch_csv import schedule_from_torch_csv
+from optpipe.plan.lower import lower
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.simulate import simulate
+from optpipe.plan.torch_csv import schedule_from_torch_csv
 
 from ._common import console, save
 from .torch_interop import torch_csv

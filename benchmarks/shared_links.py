@@ -12,9 +12,9 @@ from dataclasses import replace
 
 from rich.table import Table
 
-from optpipe.compiler.problem import load_problem
-from optpipe.compiler.simulate import simulate
-from optpipe.compiler.units import format_size
+from optpipe.core.problem import load_problem
+from optpipe.core.simulate import simulate
+from optpipe.core.units import format_size
 from optpipe.solvers.compile import compile_problem
 
 from ._common import PROBLEMS, console, save

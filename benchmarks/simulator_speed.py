@@ -8,9 +8,9 @@ import time
 
 from rich.table import Table
 
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.simulate import simulate
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.simulate import simulate
 
 from ._common import console, save
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from optpipe.compiler.errors import InfeasibleError
-from optpipe.compiler.problem import Problem, load_problem
+from optpipe.core.errors import InfeasibleError
+from optpipe.core.problem import Problem, load_problem
 from optpipe.solvers.compare import compare
 from optpipe.solvers.compile import compile_problem
 

@@ -22,13 +22,13 @@ from types import SimpleNamespace
 
 from rich.table import Table
 
-from optpipe.compiler.errors import NotApplicable, OptpipeError
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Placement, Problem, load_problem
-from optpipe.compiler.simulate import simulate
-from optpipe.compiler.torch_csv import schedule_from_torch_csv
-from optpipe.compiler.units import format_size
-from optpipe.compiler.verify import verify
+from optpipe.core.errors import NotApplicable, OptpipeError
+from optpipe.plan.lower import lower
+from optpipe.core.problem import Placement, Problem, load_problem
+from optpipe.core.simulate import simulate
+from optpipe.plan.torch_csv import schedule_from_torch_csv
+from optpipe.core.units import format_size
+from optpipe.plan.verify import verify
 from optpipe.solvers.registry import generate, generators
 
 from ._common import PROBLEMS, console, save

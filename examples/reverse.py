@@ -126,7 +126,7 @@ def warmup_then_cosine(warmup: int, total: int):
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
-    from optpipe.compiler.errors import OptpipeError
+    from optpipe.core.errors import OptpipeError
     from optpipe.runtime import PipelineRank, stages_of
 
     parser = argparse.ArgumentParser(description="Pipelined training of a sequence reverser (run under torchrun).")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     try:
         # The plan says how many stages and which ones this rank runs; the factory splits to match.
-        from optpipe.compiler.bytecode import read_plan
+        from optpipe.plan.bytecode import read_plan
 
         program = read_plan(args.plan)
         header = program.header

@@ -20,7 +20,6 @@ The modules behind it:
   ``launcher``: ``optpipe train``, the ranks of a job on this machine, summed up in one line;
 - ``profile``: measured costs and sizes as a problem file; ``trace``: measured vs predicted;
 - ``improve``: online improvement; ``workload``: model factories; ``options``: the training options;
-- ``demo``: profile, compile and train the tiny model, as ``make demo`` ends.
 
 Nothing is imported until a name is used, so ``import optpipe.runtime`` stays cheap.
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optpipe.compiler.errors import OptpipeError
+from optpipe.core.errors import OptpipeError
 
 __all__ = ["PipelineAborted", "first_line"]
 

@@ -35,10 +35,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from optpipe.compiler.errors import OptpipeError
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Costs, Memory, Problem
-from optpipe.compiler.program import Opcode, Program
+from optpipe.core.errors import OptpipeError
+from optpipe.plan.lower import lower
+from optpipe.core.problem import Costs, Memory, Problem
+from optpipe.plan.program import Opcode, Program
 
 from .comm import collective, first_line
 from .pipeline import PipelineRank
@@ -70,7 +70,7 @@ class Switch:
 
 def starting_plan(problem: Problem) -> Program:
     """The best fitting heuristic of ``problem``, lowered: where online improvement starts."""
-    from optpipe.compiler.errors import InfeasibleError
+    from optpipe.core.errors import InfeasibleError
     from optpipe.solvers.compare import best_fitting, compare
 
     entry = best_fitting(compare(problem))

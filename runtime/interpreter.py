@@ -23,9 +23,9 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from optpipe.compiler.errors import OptpipeError, PlanError
-from optpipe.compiler.program import Instruction, Opcode, Program
-from optpipe.compiler.verify import verify
+from optpipe.core.errors import OptpipeError, PlanError
+from optpipe.plan.program import Instruction, Opcode, Program
+from optpipe.plan.verify import verify
 
 from .comm import ACTIVATION, GRADIENT, P2P, Message, first_line, recv_meta, send_meta
 from .errors import PipelineAborted

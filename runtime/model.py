@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from optpipe.compiler.errors import OptpipeError
+from optpipe.core.errors import OptpipeError
 
 __all__ = [
     "GPTConfig",

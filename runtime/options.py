@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from optpipe.compiler.errors import EXIT_USAGE, OptpipeError
+from optpipe.core.errors import EXIT_USAGE, OptpipeError
 
 __all__ = ["UsageError", "add_train_arguments", "check", "LineParser", "to_argv"]
 

@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from optpipe.compiler.bytecode import decode, encode, read_plan
-from optpipe.compiler.errors import OptpipeError, PlanError
-from optpipe.compiler.program import Program
+from optpipe.plan.bytecode import decode, encode, read_plan
+from optpipe.core.errors import OptpipeError, PlanError
+from optpipe.plan.program import Program
 
 from .comm import P2P, collective
 from .interpreter import Interpreter, StepResult, check_world

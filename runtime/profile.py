@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from optpipe.compiler.errors import OptpipeError
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.errors import OptpipeError
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
 from .model import GPTConfig, SyntheticBatches, build_model, loss_fn, split_stages
 from .workload import Workload, WorkloadRequest, load_workload

@@ -5,17 +5,17 @@ It needs no torch: the solver process works on plain data and touches no acceler
 
 from __future__ import annotations
 
-from optpipe.compiler.bytecode import encode
-from optpipe.compiler.lower import lower, raise_schedule
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.program import Program
+from optpipe.plan.bytecode import encode
+from optpipe.plan.lower import lower, raise_schedule
+from optpipe.core.problem import Problem
+from optpipe.plan.program import Program
 
 __all__ = ["resolve"]
 
 
 def resolve(problem: Problem, current: Program, solver: str, time_limit_s: float) -> tuple[bytes, str, float, float]:
     """In the background process: (plan bytes, schedule name, predicted new ms, predicted current ms)."""
-    from optpipe.compiler.simulate import simulate
+    from optpipe.core.simulate import simulate
     from optpipe.solvers.compile import compile_problem
 
     compiled = compile_problem(problem, solver=solver, time_limit_s=time_limit_s, workers=1)

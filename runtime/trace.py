@@ -13,11 +13,11 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from optpipe.compiler.lower import raise_schedule
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
-from optpipe.compiler.program import COMPUTE, Opcode, Program
-from optpipe.compiler.render.trace import chrome_trace
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.plan.lower import raise_schedule
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.plan.program import COMPUTE, Opcode, Program
+from optpipe.core.render.trace import chrome_trace
+from optpipe.core.simulate import Timeline, simulate
 
 __all__ = ["run_trace", "measured_problem"]
 

@@ -36,9 +36,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from optpipe.compiler.bytecode import read_plan
-from optpipe.compiler.errors import OptpipeError
-from optpipe.compiler.program import Program
+from optpipe.plan.bytecode import read_plan
+from optpipe.core.errors import OptpipeError
+from optpipe.plan.program import Program
 
 from .comm import collective, first_line
 from .errors import PipelineAborted
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         # Everything about the plan and the model is checked here, before joining the process group.
         problem = None
         if args.problem:
-            from optpipe.compiler.problem import load_problem
+            from optpipe.core.problem import load_problem
 
             problem = load_problem(args.problem)
         if args.plan:
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             program = starting_plan(problem)
         check_plan(program, rank, world_size, {s: None for s in program.header.stages_on(rank)})
         if problem is not None:
-            from optpipe.compiler.verify import check_against_problem
+            from optpipe.plan.verify import check_against_problem
 
             check_against_problem(program, problem)
         workload = make_workload(program, options)

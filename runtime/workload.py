@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from optpipe.compiler.errors import OptpipeError
+from optpipe.core.errors import OptpipeError
 
 from .errors import first_line
 

@@ -32,10 +32,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind
-from optpipe.compiler.semantics import duration_ms, lag_ms, stage_ms
-from optpipe.compiler.units import format_size
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind
+from optpipe.core.semantics import duration_ms, lag_ms, stage_ms
+from optpipe.core.units import format_size
 
 __all__ = [
     "Bound",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from optpipe.compiler.errors import NotApplicable
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Schedule
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.core.errors import NotApplicable
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Schedule
+from optpipe.core.simulate import Timeline, simulate
 
 from .registry import generate, generators
 

@@ -22,12 +22,12 @@ from typing import Callable
 
 from dataclasses import replace
 
-from optpipe.compiler.errors import InfeasibleError, InternalError, NotApplicable, SolverError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS
-from optpipe.compiler.simulate import Timeline, describe_fit, simulate
-from optpipe.compiler.units import format_size
+from optpipe.core.errors import InfeasibleError, InternalError, NotApplicable, SolverError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Schedule
+from optpipe.core.semantics import TOLERANCE_MS
+from optpipe.core.simulate import Timeline, describe_fit, simulate
+from optpipe.core.units import format_size
 
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
 from .compare import Entry, best_fitting, compare

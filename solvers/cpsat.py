@@ -29,7 +29,7 @@ The model, in integer units of a ``Grid`` (timegrid.py):
   are live, so labels can be exchanged); with offload it is the usual restriction, and
   "optimal" means optimal among microbatch-ordered schedules.
 
-What an op waits for, how long it runs and what it holds are compiler/semantics.py's; the
+What an op waits for, how long it runs and what it holds are core/semantics.py's; the
 model only rounds durations up to its grid. On an exact grid (timegrid.py) the simulator
 reproduces the model's times to the last digit. On a rounded one the simulator runs no op
 later than the model and none earlier by more than the grid's slack, and a transfer's release
@@ -54,11 +54,11 @@ from typing import Callable, Mapping
 
 from ortools.sat.python import cp_model
 
-from optpipe.compiler.errors import InternalError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule, parse_op
-from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, duration_ms, holds, link, waits
-from optpipe.compiler.simulate import Timeline, simulate, start_times
+from optpipe.core.errors import InternalError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule, parse_op
+from optpipe.core.semantics import TOLERANCE_MS, At, Place, duration_ms, holds, link, waits
+from optpipe.core.simulate import Timeline, simulate, start_times
 
 from .bounds import data_paths, makespan_lower_bound
 from .decode import schedule_from_starts

@@ -15,9 +15,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Callable
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS, duration_ms
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.semantics import TOLERANCE_MS, duration_ms
 
 __all__ = ["schedule_from_starts"]
 

@@ -44,10 +44,10 @@ from typing import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS, duration_ms
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.semantics import TOLERANCE_MS, duration_ms
+from optpipe.core.simulate import Timeline, simulate
 
 from .cpsat import Model, Scope, solve_model
 from .decode import schedule_from_starts

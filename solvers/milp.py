@@ -30,11 +30,11 @@ import math
 import time
 from typing import Callable
 
-from optpipe.compiler.errors import InternalError, SolverError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import TRANSFER_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, effects, instant
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.core.errors import InternalError, SolverError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import TRANSFER_KINDS, Op, OpKind, Schedule
+from optpipe.core.semantics import TOLERANCE_MS, At, Place, effects, instant
+from optpipe.core.simulate import Timeline, simulate
 
 from .decode import schedule_from_starts
 from .result import Progress, SolveResult, SolveStatus

@@ -22,7 +22,7 @@ from typing import Callable
 
 import pulp
 
-from optpipe.compiler.errors import SolverError
+from optpipe.core.errors import SolverError
 
 __all__ = ["BACKENDS", "BackendRun", "run_backend"]
 

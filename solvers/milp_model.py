@@ -5,7 +5,7 @@ duration is rounded UP to whole units, so the simulator, which uses the exact du
 runs an op later than the model says; in the exact (as-soon-as-possible) model every claim that
 an op has ended or not yet started by an allocation keeps ``grid.slack`` units of margin, so the
 simulator's memory never exceeds the model's (timegrid.py proves both). Durations, waits and
-memory effects are the ones of compiler/semantics.py.
+memory effects are the ones of core/semantics.py.
 
 Variables: a start time per op; per pair of compute ops on one device that the dependencies
 do not already order, an ordering binary; per (stage, microbatch) an offload binary with its
@@ -35,11 +35,11 @@ from typing import NamedTuple
 
 import pulp
 
-from optpipe.compiler.errors import ScheduleError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import Place, duration_ms, holds, waits
-from optpipe.compiler.simulate import start_times
+from optpipe.core.errors import ScheduleError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.semantics import Place, duration_ms, holds, waits
+from optpipe.core.simulate import start_times
 
 from .timegrid import MILP_MAX_UNITS, Grid, choose_grid
 

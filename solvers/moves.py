@@ -24,11 +24,11 @@ import random
 import time
 from dataclasses import dataclass
 
-from optpipe.compiler.errors import ScheduleError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS, waits
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.core.errors import ScheduleError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.semantics import TOLERANCE_MS, waits
+from optpipe.core.simulate import Timeline, simulate
 
 __all__ = ["Moved", "improve_by_moves", "move_score"]
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import COMPUTE_KINDS
-from optpipe.compiler.semantics import TOLERANCE_MS
-from optpipe.compiler.simulate import Timeline
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import COMPUTE_KINDS
+from optpipe.core.semantics import TOLERANCE_MS
+from optpipe.core.simulate import Timeline
 
 __all__ = ["Neighbourhood", "KINDS", "choose", "sweep"]
 

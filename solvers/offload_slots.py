@@ -1,7 +1,7 @@
 """Where activation transfers go in a schedule, and which activations are worth moving.
 
 A transfer is issued once the compute op listed just before it on its device has ended
-(compiler/schedule.py), so choosing a transfer's slot means choosing its list position.
+(core/schedule.py), so choosing a transfer's slot means choosing its list position.
 ``add_offloads`` puts OFFLOAD(s, i) right after F(s, i), the earliest slot, so the D2H channel
 frees the device as soon as it can; and RELOAD(s, i) after the latest compute op that still
 lets it end before B(s, i) starts, because a reload holds device memory from its start.
@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from optpipe.compiler.errors import ProblemError, ScheduleError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS, duration_ms
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.core.errors import ProblemError, ScheduleError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.semantics import TOLERANCE_MS, duration_ms
+from optpipe.core.simulate import Timeline, simulate
 
 __all__ = [
     "round_trip_ms",

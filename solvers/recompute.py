@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from optpipe.compiler.errors import ProblemError, ScheduleError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.core.errors import ProblemError, ScheduleError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 
 __all__ = ["add_recomputes", "require_recompute"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from optpipe.compiler.errors import NotApplicable, OptpipeError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Schedule
+from optpipe.core.errors import NotApplicable, OptpipeError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Schedule
 
 __all__ = ["Generator", "register", "generators", "get_generator", "generate"]
 

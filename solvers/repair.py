@@ -36,11 +36,11 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
-from optpipe.compiler.errors import OptpipeError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.compiler.semantics import Place, effects
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.core.errors import OptpipeError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.semantics import Place, effects
+from optpipe.core.simulate import Timeline, simulate
 
 from .offload_slots import activation_windows, add_hidden_offloads, add_offloads, round_trip_ms
 from .warmstart import Candidate

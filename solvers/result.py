@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from optpipe.compiler.schedule import Schedule
-from optpipe.compiler.simulate import Timeline
+from optpipe.core.schedule import Schedule
+from optpipe.core.simulate import Timeline
 
 __all__ = ["SolveStatus", "SolveResult", "Progress"]
 

@@ -42,9 +42,9 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind
-from optpipe.compiler.semantics import TOLERANCE_MS, duration_ms, exact_ms
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind
+from optpipe.core.semantics import TOLERANCE_MS, duration_ms, exact_ms
 
 from .bounds import makespan_lower_bound
 

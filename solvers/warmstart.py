@@ -20,10 +20,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from optpipe.compiler.errors import OptpipeError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.core.errors import OptpipeError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.simulate import Timeline, simulate
 
 from .compare import Entry
 from .wfill import fill_with_w

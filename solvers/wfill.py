@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from optpipe.compiler.errors import InternalError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS, At, Place, duration_ms, effects, waits
+from optpipe.core.errors import InternalError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.semantics import TOLERANCE_MS, At, Place, duration_ms, effects, waits
 
 __all__ = ["fill_with_w"]
 

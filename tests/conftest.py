@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, load_problem
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, load_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM_DIR = ROOT / "benchmarks" / "problems"

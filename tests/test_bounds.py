@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optpipe.compiler.problem import Offload, Placement
+from optpipe.core.problem import Offload, Placement
 from optpipe.solvers.bounds import (data_paths, device_lower_bound, makespan_lower_bound, memory_area_bound,
                                     memory_lower_bound)
 from optpipe.solvers.compare import compare
@@ -66,7 +66,7 @@ def test_memory_lower_bound_counts_every_chunk_without_offload():
 
 def test_data_paths_of_one_microbatch():
     paths = data_paths(uniform_problem(3, 2, p2p=0.5))
-    from optpipe.compiler.schedule import OpKind
+    from optpipe.core.schedule import OpKind
 
     assert paths.head[(OpKind.F, 2)] == 3.0  # two forwards and two hops
     assert paths.head[(OpKind.B, 0)] == 3.0 + 1 + 2 * 1.5  # the last forward, then back

@@ -11,11 +11,11 @@ from conftest import PROBLEM_DIR, uniform_problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optpipe.compiler.bytecode import FORMAT_VERSION, INSTRUCTION_SIZE, MAGIC, decode, encode, read_plan, write_plan
-from optpipe.compiler.errors import PlanError
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import load_problem
-from optpipe.compiler.program import Instruction, Opcode, PlanHeader, Program
+from optpipe.plan.bytecode import FORMAT_VERSION, INSTRUCTION_SIZE, MAGIC, decode, encode, read_plan, write_plan
+from optpipe.core.errors import PlanError
+from optpipe.plan.lower import lower
+from optpipe.core.problem import load_problem
+from optpipe.plan.program import Instruction, Opcode, PlanHeader, Program
 from optpipe.solvers.registry import generate
 
 TIGHT = load_problem(PROBLEM_DIR / "balanced-p4-m8-tight.toml")

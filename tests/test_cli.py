@@ -8,10 +8,10 @@ import sys
 
 from conftest import PROBLEM_DIR, uniform_problem
 
-from optpipe.compiler.cli import main
-from optpipe.compiler.render import chrome_trace, gantt_text
-from optpipe.compiler.schedule import dump_schedule
-from optpipe.compiler.simulate import simulate
+from optpipe.cli.main import main
+from optpipe.core.render import chrome_trace, gantt_text
+from optpipe.core.schedule import dump_schedule
+from optpipe.core.simulate import simulate
 from optpipe.solvers import generate
 
 BALANCED = str(PROBLEM_DIR / "balanced-p4-m8.toml")
@@ -65,7 +65,7 @@ def test_compare_budget_override(capsys):
 
 
 def test_simulate_json_and_trace(tmp_path, capsys):
-    from optpipe.compiler.problem import load_problem
+    from optpipe.core.problem import load_problem
 
     problem = load_problem(BALANCED)
     path = tmp_path / "s.json"
@@ -100,7 +100,7 @@ def test_errors_are_one_line_and_non_zero(tmp_path, capsys):
 
 def test_console_script_runs_without_torch():
     """The compiler must not import torch: `optpipe compare` in a fresh interpreter."""
-    code = ("import sys; from optpipe.compiler.cli import main; main(['compare', '--json']); "
+    code = ("import sys; from optpipe.cli.main import main; main(['compare', '--json']); "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from optpipe.compiler.cli import main
-from optpipe.compiler.errors import InfeasibleError
-from optpipe.compiler.problem import Offload, dump_problem
-from optpipe.compiler.schedule import load_schedule
-from optpipe.compiler.simulate import simulate
+from optpipe.cli.main import main
+from optpipe.core.errors import InfeasibleError
+from optpipe.core.problem import Offload, dump_problem
+from optpipe.core.schedule import load_schedule
+from optpipe.core.simulate import simulate
 from optpipe.solvers.compile import compile_problem
 from optpipe.solvers.result import SolveStatus
 
@@ -135,11 +135,11 @@ def test_schedule_and_plan_files(small, tmp_path, capsys):
     assert main(["compile", str(small), "--time-limit", "120", "--workers", "2", "--json",
                  "--schedule-out", str(schedule_path), "-o", str(plan_path)]) == 0
     out = _json(capsys)
-    from optpipe.compiler.problem import load_problem
+    from optpipe.core.problem import load_problem
 
     timeline = simulate(load_problem(small), load_schedule(schedule_path))
     assert timeline.makespan == pytest.approx(out["makespan_ms"])
-    from optpipe.compiler.bytecode import read_plan
+    from optpipe.plan.bytecode import read_plan
 
     program = read_plan(plan_path)
     assert program is not None

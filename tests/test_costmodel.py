@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optpipe.compiler.errors import ProblemError
-from optpipe.compiler.problem import loads_problem
+from optpipe.core.errors import ProblemError
+from optpipe.core.problem import loads_problem
 
 MODEL = """
 name = "gpt"
@@ -79,7 +79,7 @@ def test_costs_and_model_together_is_an_error():
 
 
 def test_builtin_default_problem_loads():
-    from optpipe.compiler.commands.common import default_problem
+    from optpipe.cli.commands.common import default_problem
 
     problem = default_problem()
     assert problem.devices == 8 and problem.offload.enabled

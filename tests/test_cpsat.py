@@ -8,10 +8,10 @@ from fractions import Fraction
 
 import pytest
 
-from optpipe.compiler.errors import SolverError
-from optpipe.compiler.problem import Offload, load_problem
-from optpipe.compiler.schedule import OpKind
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import SolverError
+from optpipe.core.problem import Offload, load_problem
+from optpipe.core.schedule import OpKind
+from optpipe.core.simulate import simulate
 from optpipe.solvers.compare import compare
 from optpipe.solvers.cpsat import check_solution, solve_cpsat
 from optpipe.solvers.lns import improve

@@ -8,13 +8,13 @@ import re
 import pytest
 from conftest import uniform_problem
 
-from optpipe.compiler.bytecode import write_plan
-from optpipe.compiler.cli import main
-from optpipe.compiler.disasm import disassemble, resolve
-from optpipe.compiler.errors import PlanError
-from optpipe.compiler.lower import lower, problem_hash
-from optpipe.compiler.problem import Offload, Placement, dumps_problem
-from optpipe.compiler.schedule import Schedule
+from optpipe.plan.bytecode import write_plan
+from optpipe.cli.main import main
+from optpipe.plan.disasm import disassemble, resolve
+from optpipe.core.errors import PlanError
+from optpipe.plan.lower import lower, problem_hash
+from optpipe.core.problem import Offload, Placement, dumps_problem
+from optpipe.core.schedule import Schedule
 from optpipe.solvers.registry import generate
 
 TINY = uniform_problem(2, 2, act=3 << 20, keep=1 << 20, offload=Offload(True, 1e9, 1e9, 1 << 30), name="tiny")

@@ -30,9 +30,9 @@ from conftest import PROBLEM_DIR
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from optpipe.compiler.cli import main
-from optpipe.compiler.problem import load_problem
-from optpipe.compiler.torch_csv import schedule_to_torch_csv
+from optpipe.cli.main import main
+from optpipe.core.problem import load_problem
+from optpipe.plan.torch_csv import schedule_to_torch_csv
 from optpipe.solvers import generate
 
 EXAMPLES = int(os.environ.get("OPTPIPE_FUZZ_EXAMPLES", "0")) or None
@@ -258,9 +258,9 @@ def test_fuzz_options(argv):
         folder = Path(folder)
         problem = load_problem(BALANCED)
         schedule, plan = folder / "s.json", folder / "p.opb"
-        from optpipe.compiler.bytecode import write_plan
-        from optpipe.compiler.lower import lower
-        from optpipe.compiler.schedule import dump_schedule
+        from optpipe.plan.bytecode import write_plan
+        from optpipe.plan.lower import lower
+        from optpipe.core.schedule import dump_schedule
 
         one_f_one_b = generate("1F1B", problem)
         dump_schedule(one_f_one_b, schedule)

@@ -7,9 +7,9 @@ from conftest import uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optpipe.compiler.errors import NotApplicable
-from optpipe.compiler.problem import Placement
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import NotApplicable
+from optpipe.core.problem import Placement
+from optpipe.core.simulate import simulate
 from optpipe.solvers import generate
 
 

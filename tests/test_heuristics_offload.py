@@ -10,10 +10,10 @@ from conftest import uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optpipe.compiler.errors import NotApplicable, ProblemError, ScheduleError
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
-from optpipe.compiler.schedule import COMPUTE_KINDS, Op, OpKind
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import NotApplicable, ProblemError, ScheduleError
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind
+from optpipe.core.simulate import simulate
 from optpipe.solvers import generate
 from optpipe.solvers.heuristics.gis import gis_schedule, smallest_group
 from optpipe.solvers.offload_slots import (

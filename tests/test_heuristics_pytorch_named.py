@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from conftest import uniform_problem
 
-from optpipe.compiler.errors import NotApplicable
-from optpipe.compiler.problem import Placement
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import NotApplicable
+from optpipe.core.problem import Placement
+from optpipe.core.simulate import simulate
 from optpipe.solvers.registry import generate
 
 

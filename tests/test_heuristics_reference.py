@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from optpipe.compiler.problem import Costs, Memory, Pipeline, Placement, Problem
-from optpipe.compiler.simulate import simulate
+from optpipe.core.problem import Costs, Memory, Pipeline, Placement, Problem
+from optpipe.core.simulate import simulate
 from optpipe.solvers.registry import generate
 
 DATA = json.loads((Path(__file__).resolve().parent / "data" / "reference_schedules.json").read_text())

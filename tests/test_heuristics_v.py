@@ -22,10 +22,10 @@ from conftest import uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optpipe.compiler.errors import NotApplicable
-from optpipe.compiler.problem import Costs, Memory, Placement, Problem
-from optpipe.compiler.schedule import OpKind
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.core.errors import NotApplicable
+from optpipe.core.problem import Costs, Memory, Placement, Problem
+from optpipe.core.schedule import OpKind
+from optpipe.core.simulate import Timeline, simulate
 from optpipe.solvers.heuristics._vshape_blocks import INTERVAL, REORDERS, _extend, _orders, _short
 from optpipe.solvers.heuristics.vshape import V_HALF_BLOCK, V_MIN_BLOCK, ZBV_BLOCK
 from optpipe.solvers.registry import generate

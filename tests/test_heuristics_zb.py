@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from optpipe.compiler.errors import NotApplicable
-from optpipe.compiler.problem import Costs, Memory, Pipeline, Placement, Problem, load_problem
-from optpipe.compiler.schedule import OpKind
-from optpipe.compiler.simulate import Timeline, simulate
+from optpipe.core.errors import NotApplicable
+from optpipe.core.problem import Costs, Memory, Pipeline, Placement, Problem, load_problem
+from optpipe.core.schedule import OpKind
+from optpipe.core.simulate import Timeline, simulate
 from optpipe.solvers.heuristics.interleaved import interleaved_group, interleaved_warmup
 from optpipe.solvers.registry import generate
 

@@ -19,14 +19,14 @@ import time
 import pytest
 from conftest import BASE_PROBLEM, PROBLEM_DIR
 
-from optpipe.compiler.bytecode import decode, encode, read_plan, write_plan
-from optpipe.compiler.cli import main
-from optpipe.compiler.errors import OptpipeError
-from optpipe.compiler.files import write_atomic
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Pipeline, Placement, loads_problem
-from optpipe.compiler.program import Instruction, Opcode, PlanHeader, Program
-from optpipe.compiler.verify import verify
+from optpipe.plan.bytecode import decode, encode, read_plan, write_plan
+from optpipe.cli.main import main
+from optpipe.core.errors import OptpipeError
+from optpipe.core.files import write_atomic
+from optpipe.plan.lower import lower
+from optpipe.core.problem import Pipeline, Placement, loads_problem
+from optpipe.plan.program import Instruction, Opcode, PlanHeader, Program
+from optpipe.plan.verify import verify
 from optpipe.solvers import generate
 
 BALANCED = str(PROBLEM_DIR / "balanced-p4-m8.toml")
@@ -323,8 +323,8 @@ def test_hostile_csv(tmp_path, text, needle):
 # --------------------------------------------------------------------------- import, export, verify, disasm
 
 def csv_of(name: str, problem_path: str) -> str:
-    from optpipe.compiler.problem import load_problem
-    from optpipe.compiler.torch_csv import schedule_to_torch_csv
+    from optpipe.core.problem import load_problem
+    from optpipe.plan.torch_csv import schedule_to_torch_csv
 
     return schedule_to_torch_csv(generate(name, load_problem(problem_path)))
 
@@ -395,8 +395,8 @@ def test_markup_in_a_problem_name_is_shown_as_written(tmp_path):
     ["profile", "--devices", "2", "--microbatches", "4", "-o", "{missing}/p.toml"],
 ])
 def test_unwritable_outputs_fail_before_any_work(tmp_path, argv):
-    from optpipe.compiler.problem import load_problem
-    from optpipe.compiler.schedule import dump_schedule
+    from optpipe.core.problem import load_problem
+    from optpipe.core.schedule import dump_schedule
 
     schedule, plan, csv = tmp_path / "s.json", tmp_path / "p.opb", tmp_path / "s.csv"
     problem = load_problem(BALANCED)
@@ -444,7 +444,7 @@ def test_full_disk_leaves_the_existing_plan_whole(tmp_path):
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
 
-    done = subprocess.run([sys.executable, "-m", "optpipe.compiler.cli", "compile", problem, "--solver",
+    done = subprocess.run([sys.executable, "-m", "optpipe.cli", "compile", problem, "--solver",
                            "heuristic:ZB-H1", "--budget", "100GiB", "-o", str(plan)],
                           capture_output=True, text=True, timeout=300, preexec_fn=limit)
     assert done.returncode == 1, done.stderr
@@ -492,7 +492,7 @@ def test_concurrent_writers_and_a_reader_never_see_a_torn_plan(tmp_path):
 def test_console_script_never_prints_a_traceback(tmp_path, argv, expected):
     nan = problem_file(tmp_path, edited("activation = \"200MiB\"", "activation = nan"))
     argv = [a.format(nan=nan) for a in argv]
-    done = subprocess.run([sys.executable, "-m", "optpipe.compiler.cli", *argv], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "optpipe.cli", *argv], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == expected
     assert "Traceback" not in done.stderr and done.stderr.startswith("error: ")

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from optpipe.compiler.errors import ProblemError
-from optpipe.compiler.problem import Offload, dumps_problem, loads_problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import ProblemError
+from optpipe.core.problem import Offload, dumps_problem, loads_problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.simulate import simulate
 
 from conftest import uniform_problem
 

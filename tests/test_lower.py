@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 from conftest import PROBLEM_DIR, uniform_problem
 
-from optpipe.compiler.bytecode import decode, encode
-from optpipe.compiler.errors import NotApplicable, ScheduleError
-from optpipe.compiler.lower import lower, problem_hash, raise_schedule
-from optpipe.compiler.problem import Placement, load_problem
-from optpipe.compiler.program import COMPUTE, Instruction, Opcode
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.simulate import simulate
-from optpipe.compiler.verify import predict, verify
+from optpipe.plan.bytecode import decode, encode
+from optpipe.core.errors import NotApplicable, ScheduleError
+from optpipe.plan.lower import lower, problem_hash, raise_schedule
+from optpipe.core.problem import Placement, load_problem
+from optpipe.plan.program import COMPUTE, Instruction, Opcode
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.simulate import simulate
+from optpipe.plan.verify import predict, verify
 from optpipe.solvers.registry import generate, generators
 
 O = Opcode

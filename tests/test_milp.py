@@ -13,10 +13,10 @@ import itertools
 import pytest
 
 from conftest import PROBLEM_DIR, uniform_problem
-from optpipe.compiler.errors import ScheduleError, SolverError
-from optpipe.compiler.problem import Offload, Placement, load_problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import ScheduleError, SolverError
+from optpipe.core.problem import Offload, Placement, load_problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.simulate import simulate
 from optpipe.solvers import milp_model as mm
 from optpipe.solvers.heuristics.one_f_one_b import one_f_one_b
 from optpipe.solvers.milp import _decode, _holds, _repair, _valid_start, solve_milp

@@ -6,7 +6,8 @@ import tomllib
 
 from conftest import ROOT
 
-ROOTS = {"compiler": "optpipe.compiler", "solvers": "optpipe.solvers", "runtime": "optpipe.runtime"}
+ROOTS = {"core": "optpipe.core", "solvers": "optpipe.solvers", "plan": "optpipe.plan", "runtime": "optpipe.runtime",
+         "cli": "optpipe.cli"}
 
 
 def test_every_code_or_data_folder_is_a_declared_package():
@@ -21,4 +22,4 @@ def test_every_code_or_data_folder_is_a_declared_package():
                 on_disk.add(".".join([package, *path.relative_to(ROOT / folder).parts]))
     assert on_disk == declared, f"add to [tool.setuptools] packages: {sorted(on_disk - declared)}; " \
                                 f"remove: {sorted(declared - on_disk)}"
-    assert config["package-data"] == {"optpipe.compiler.data": ["*.toml"]}
+    assert config["package-data"] == {"optpipe.core.data": ["*.toml"]}

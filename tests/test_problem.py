@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from optpipe.compiler.errors import ProblemError
-from optpipe.compiler.problem import Placement, dumps_problem, load_problem, loads_problem
-from optpipe.compiler.units import parse_bandwidth, parse_size
+from optpipe.core.errors import ProblemError
+from optpipe.core.problem import Placement, dumps_problem, load_problem, loads_problem
+from optpipe.core.units import parse_bandwidth, parse_size
 
 from conftest import BASE_PROBLEM, INSTANCES
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from conftest import uniform_problem
-from optpipe.compiler.errors import NotApplicable, ProblemError, ScheduleError
-from optpipe.compiler.problem import Offload, Recompute, dumps_problem, loads_problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule, parse_op
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import NotApplicable, ProblemError, ScheduleError
+from optpipe.core.problem import Offload, Recompute, dumps_problem, loads_problem
+from optpipe.core.schedule import Op, OpKind, Schedule, parse_op
+from optpipe.core.simulate import simulate
 from optpipe.solvers.registry import generate
 
 F, B, W, BW, OFF, REL, RC = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD,
@@ -156,11 +156,11 @@ def _capped_rc_problem():
 
 
 def test_a_recompute_plan_lowers_encodes_as_format_2_and_verifies():
-    from optpipe.compiler.bytecode import decode, encode
-    from optpipe.compiler.disasm import disassemble
-    from optpipe.compiler.lower import lower, raise_schedule
-    from optpipe.compiler.program import Opcode
-    from optpipe.compiler.verify import verify
+    from optpipe.plan.bytecode import decode, encode
+    from optpipe.plan.disasm import disassemble
+    from optpipe.plan.lower import lower, raise_schedule
+    from optpipe.plan.program import Opcode
+    from optpipe.plan.verify import verify
 
     problem = _capped_rc_problem()
     schedule = generate("1F1B-capped-RC", problem)
@@ -180,9 +180,9 @@ def test_a_recompute_opcode_in_a_format_1_file_is_refused():
     import struct
     import zlib
 
-    from optpipe.compiler.bytecode import decode, encode
-    from optpipe.compiler.errors import PlanError
-    from optpipe.compiler.lower import lower
+    from optpipe.plan.bytecode import decode, encode
+    from optpipe.core.errors import PlanError
+    from optpipe.plan.lower import lower
 
     problem = _capped_rc_problem()
     data = bytearray(encode(lower(problem, generate("1F1B-capped-RC", problem))))
@@ -193,10 +193,10 @@ def test_a_recompute_opcode_in_a_format_1_file_is_refused():
 
 
 def test_verifier_refuses_a_recompute_after_its_backward():
-    from optpipe.compiler.errors import PlanError
-    from optpipe.compiler.lower import lower
-    from optpipe.compiler.program import Opcode, Program
-    from optpipe.compiler.verify import verify
+    from optpipe.core.errors import PlanError
+    from optpipe.plan.lower import lower
+    from optpipe.plan.program import Opcode, Program
+    from optpipe.plan.verify import verify
 
     problem = _capped_rc_problem()
     program = lower(problem, generate("1F1B-capped-RC", problem))
@@ -213,8 +213,8 @@ def test_verifier_refuses_a_recompute_after_its_backward():
 def test_gantt_and_trace_show_recomputes():
     import json
 
-    from optpipe.compiler.render.trace import chrome_trace
-    from optpipe.compiler.render.gantt import gantt_lines
+    from optpipe.core.render.trace import chrome_trace
+    from optpipe.core.render.gantt import gantt_lines
 
     problem = _capped_rc_problem()
     timeline = simulate(problem, generate("1F1B-capped-RC", problem))
@@ -256,7 +256,7 @@ def test_bounds_stay_below_what_recompute_achieves():
 def test_model_problems_derive_the_stage_input_and_selective_shares():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "compiler" / "data" / "default.toml").read_text()
+    text = (Path(__file__).resolve().parent.parent / "core" / "data" / "default.toml").read_text()
     text = text.replace("flash_attention = true", "flash_attention = false")  # scores saved: selective frees them
     text = text.replace('budget = "12GiB"', 'budget = "40GiB"')
     plain = loads_problem(text)
@@ -270,7 +270,7 @@ def test_model_problems_derive_the_stage_input_and_selective_shares():
 
 
 def test_capped_recompute_offload_trades_recomputes_the_link_hides():
-    from optpipe.compiler.problem import load_problem
+    from optpipe.core.problem import load_problem
 
     from conftest import PROBLEM_DIR
 

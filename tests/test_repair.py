@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from optpipe.compiler.problem import Offload
-from optpipe.compiler.schedule import OpKind
-from optpipe.compiler.simulate import simulate
+from optpipe.core.problem import Offload
+from optpipe.core.schedule import OpKind
+from optpipe.core.simulate import simulate
 from optpipe.solvers.compare import compare
 from optpipe.solvers.compile import compile_problem
 from optpipe.solvers.registry import generate

@@ -18,10 +18,10 @@ import torch
 import torch.nn as nn
 
 from conftest import uniform_problem
-from optpipe.compiler.bytecode import encode
-from optpipe.compiler.errors import OptpipeError, PlanError
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Placement
+from optpipe.plan.bytecode import encode
+from optpipe.core.errors import OptpipeError, PlanError
+from optpipe.plan.lower import lower
+from optpipe.core.problem import Placement
 from optpipe.runtime import PipelineRank
 from optpipe.runtime.launch import run_local
 from optpipe.runtime.workload import WorkloadRequest

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import uniform_problem
-from optpipe.compiler.bytecode import write_plan
-from optpipe.compiler.errors import EXIT_USAGE
-from optpipe.compiler.lower import lower
+from optpipe.plan.bytecode import write_plan
+from optpipe.core.errors import EXIT_USAGE
+from optpipe.plan.lower import lower
 from optpipe.runtime.errors import PipelineAborted
 from optpipe.runtime.launch import LocalRunFailed, run_local
 from optpipe.solvers.registry import generate
@@ -37,7 +37,7 @@ def plan(tmp_path_factory) -> Path:
 
 
 def _optpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "optpipe.compiler.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "optpipe.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=ENV)
 
 
@@ -73,7 +73,7 @@ def test_the_torchrun_entry_point_says_a_bad_option_in_one_line_per_rank(plan):
 
 def test_two_jobs_at_once_run_every_rank_and_end_cleanly(plan):
     """Once in four such pairs, jobs ended with "terminate called without an active exception"."""
-    command = [sys.executable, "-m", "optpipe.compiler.cli", "train", "--plan", str(plan), "--steps", "2",
+    command = [sys.executable, "-m", "optpipe.cli", "train", "--plan", str(plan), "--steps", "2",
                "--device", "cpu", "--timeout", str(TIMEOUT)]
     jobs = [subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]

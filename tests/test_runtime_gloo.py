@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-from optpipe.compiler.bytecode import write_plan
-from optpipe.compiler.errors import NotApplicable, PlanError
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, Recompute
-from optpipe.compiler.simulate import simulate
+from optpipe.plan.bytecode import write_plan
+from optpipe.core.errors import NotApplicable, PlanError
+from optpipe.plan.lower import lower
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, Recompute
+from optpipe.core.simulate import simulate
 from optpipe.runtime.interpreter import Interpreter
 from optpipe.runtime.launch import LocalRunFailed, run_local
 from optpipe.runtime.model import CONFIGS, build_model, build_stages, loss_fn, synthetic_batch

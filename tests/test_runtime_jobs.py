@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import uniform_problem
-from optpipe.compiler.bytecode import write_plan
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import dumps_problem, load_problem
+from optpipe.plan.bytecode import write_plan
+from optpipe.plan.lower import lower
+from optpipe.core.problem import dumps_problem, load_problem
 from optpipe.runtime.launcher import free_port
 from optpipe.solvers.registry import generate
 
@@ -60,13 +60,13 @@ def test_the_example_trains_on_two_gloo_ranks_under_torchrun(folder):
 
 def test_profile_measures_a_model_named_by_its_factory(folder):
     out = folder / "reverse.toml"
-    done = _run("optpipe.compiler.cli", "profile", "--model", "examples.reverse:workload", "--devices", "2",
+    done = _run("optpipe.cli", "profile", "--model", "examples.reverse:workload", "--devices", "2",
                 "--microbatches", "4", "--p2p", "0.1", "--repeats", "1", "--device", "cpu", "-o", str(out))
     assert done.returncode == 0, done.stderr
     problem = load_problem(out)
     assert (problem.name, problem.stages, problem.microbatches) == ("reverse-p2-v1-m4", 2, 4)
     assert all(size > 0 for size in problem.memory.activation)
-    bad = _run("optpipe.compiler.cli", "profile", "--model", "examples.nowhere:workload", "--devices", "2",
+    bad = _run("optpipe.cli", "profile", "--model", "examples.nowhere:workload", "--devices", "2",
                "--microbatches", "4", "-o", str(folder / "x.toml"))
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert "cannot import examples.nowhere" in bad.stderr
@@ -98,7 +98,7 @@ def _single_process_losses(microbatches: int, steps: int, lr: float) -> list[flo
 
 
 def test_online_improvement_switches_every_rank_and_changes_no_loss(folder):
-    improved = _run("optpipe.compiler.cli", "train", "--plan", str(folder / "gpipe.opb"), "--model",
+    improved = _run("optpipe.cli", "train", "--plan", str(folder / "gpipe.opb"), "--model",
                     "examples.reverse:workload", "--steps", "7", "--device", "cpu", "--lr", "1e-3", "--timeout", "30",
                     "--problem", str(folder / "p2.toml"), "--improve", "--improve-after", "2",
                     "--improve-time-limit", "2", "--improve-min-gain", "0.01", "--improve-wait")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from optpipe.compiler.bytecode import write_plan
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import load_problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.plan.bytecode import write_plan
+from optpipe.plan.lower import lower
+from optpipe.core.problem import load_problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.runtime.model import CONFIGS
 from optpipe.runtime.profile import profile_stages
 
@@ -30,7 +30,7 @@ def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
 def profiled(tmp_path_factory) -> Path:
     """A problem for one rank with two stages, measured by ``optpipe profile`` (p2p given: one rank)."""
     path = tmp_path_factory.mktemp("profile") / "tiny.toml"
-    done = _run(["optpipe.compiler.cli", "profile", "--model", "tiny", "--devices", "1", "--chunks", "2",
+    done = _run(["optpipe.cli", "profile", "--model", "tiny", "--devices", "1", "--chunks", "2",
                  "--microbatches", "3", "--offload", "--p2p", "0", "--repeats", "1", "--device", "cpu",
                  "-o", str(path)])
     assert done.returncode == 0, done.stderr

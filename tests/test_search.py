@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from optpipe.compiler.problem import Offload
-from optpipe.compiler.simulate import simulate
+from optpipe.core.problem import Offload
+from optpipe.core.simulate import simulate
 from optpipe.solvers.compare import compare
 from optpipe.solvers.lns import KINDS, improve
 from optpipe.solvers.moves import improve_by_moves, move_score

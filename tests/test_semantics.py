@@ -1,4 +1,4 @@
-"""One definition of what an op does (compiler/semantics.py), one time grid, and the models
+"""One definition of what an op does (core/semantics.py), one time grid, and the models
 that read them agreeing with the simulator (issue 9)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from benchmarks.consistency import random_problem
 from conftest import uniform_problem
-from optpipe.compiler.errors import InternalError, SolverError
-from optpipe.compiler.problem import Offload, load_problem
-from optpipe.compiler.schedule import Op, OpKind
-from optpipe.compiler.semantics import At, Place, effects, holds, spec, waits
-from optpipe.compiler.simulate import simulate, start_times
+from optpipe.core.errors import InternalError, SolverError
+from optpipe.core.problem import Offload, load_problem
+from optpipe.core.schedule import Op, OpKind
+from optpipe.core.semantics import At, Place, effects, holds, spec, waits
+from optpipe.core.simulate import simulate, start_times
 from optpipe.solvers.compare import compare
 from optpipe.solvers.cpsat import solve_cpsat
 from optpipe.solvers.milp import solve_milp
@@ -138,7 +138,7 @@ def test_model_units_are_the_simulators_times_on_an_exact_grid():
 
 
 def _tiny():
-    from optpipe.compiler.problem import loads_problem
+    from optpipe.core.problem import loads_problem
 
     return loads_problem(TINY)
 

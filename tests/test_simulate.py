@@ -7,10 +7,10 @@ import json
 import pytest
 from conftest import uniform_problem
 
-from optpipe.compiler.errors import ScheduleError
-from optpipe.compiler.problem import Offload
-from optpipe.compiler.schedule import Op, OpKind, Schedule, parse_op
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import ScheduleError
+from optpipe.core.problem import Offload
+from optpipe.core.schedule import Op, OpKind, Schedule, parse_op
+from optpipe.core.simulate import simulate
 from optpipe.solvers import generate
 
 F, B, W, BW, OFF, REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
@@ -143,7 +143,7 @@ def test_wrong_number_of_devices():
 
 
 def test_schedule_json_and_text_round_trip(tmp_path):
-    from optpipe.compiler.schedule import dump_schedule, load_schedule
+    from optpipe.core.schedule import dump_schedule, load_schedule
 
     problem = uniform_problem(4, 8)
     schedule = generate("1F1B", problem)
@@ -166,7 +166,7 @@ def test_op_text_errors(bad):
 
 
 def test_bad_schedule_json(tmp_path):
-    from optpipe.compiler.schedule import load_schedule
+    from optpipe.core.schedule import load_schedule
 
     path = tmp_path / "bad.json"
     path.write_text('{"format": "optpipe-schedule", "version": 1, "name": "x", "devices": [["F0:0", "Q"]]}')

@@ -9,10 +9,10 @@ from conftest import uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optpipe.compiler.errors import ScheduleError
-from optpipe.compiler.problem import Placement
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.simulate import simulate
+from optpipe.core.errors import ScheduleError
+from optpipe.core.problem import Placement
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.simulate import simulate
 
 
 def _topological_schedule(problem, seed: int, split: bool) -> Schedule:

@@ -1,4 +1,4 @@
-from optpipe.compiler.cli import main
+from optpipe.cli.main import main
 
 
 def test_compare_runs_on_every_instance(instance, tmp_path):

@@ -8,15 +8,15 @@ import sys
 import pytest
 from conftest import ROOT, uniform_problem
 
-from optpipe.compiler.bytecode import read_plan, write_plan
-from optpipe.compiler.cli import main
-from optpipe.compiler.errors import ScheduleError
-from optpipe.compiler.lower import lower, raise_schedule
-from optpipe.compiler.problem import Placement, dumps_problem
-from optpipe.compiler.schedule import Schedule
-from optpipe.compiler.simulate import simulate
-from optpipe.compiler.torch_csv import schedule_from_torch_csv, schedule_to_torch_csv
-from optpipe.compiler.verify import verify
+from optpipe.plan.bytecode import read_plan, write_plan
+from optpipe.cli.main import main
+from optpipe.core.errors import ScheduleError
+from optpipe.plan.lower import lower, raise_schedule
+from optpipe.core.problem import Placement, dumps_problem
+from optpipe.core.schedule import Schedule
+from optpipe.core.simulate import simulate
+from optpipe.plan.torch_csv import schedule_from_torch_csv, schedule_to_torch_csv
+from optpipe.plan.verify import verify
 from optpipe.solvers.registry import generate, generators
 
 pytest.importorskip("torch.distributed.pipelining")

@@ -12,16 +12,16 @@ from conftest import uniform_problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optpipe.compiler.bytecode import decode, encode, write_plan
-from optpipe.compiler.cli import main
-from optpipe.compiler.disasm import disassemble
-from optpipe.compiler.errors import PlanError
-from optpipe.compiler.lower import lower
-from optpipe.compiler.problem import Offload, Placement, dumps_problem
-from optpipe.compiler.program import Instruction, Opcode, PlanHeader, Program
-from optpipe.compiler.schedule import Schedule
-from optpipe.compiler.simulate import simulate
-from optpipe.compiler.verify import check_against_problem, predict, verify
+from optpipe.plan.bytecode import decode, encode, write_plan
+from optpipe.cli.main import main
+from optpipe.plan.disasm import disassemble
+from optpipe.core.errors import PlanError
+from optpipe.plan.lower import lower
+from optpipe.core.problem import Offload, Placement, dumps_problem
+from optpipe.plan.program import Instruction, Opcode, PlanHeader, Program
+from optpipe.core.schedule import Schedule
+from optpipe.core.simulate import simulate
+from optpipe.plan.verify import check_against_problem, predict, verify
 from optpipe.solvers.registry import generate
 
 O = Opcode

@@ -42,9 +42,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.semantics import kept_bytes, lag_ms, stage_ms
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.semantics import kept_bytes, lag_ms, stage_ms
 
 __all__ = ["GreedyPolicy", "greedy_schedule", "cost_aware", "POLICIES", "KEEP_POLICIES", "RoundPolicy",
            "ROUND_POLICIES", "v_rounds", "cost_aware_v"]
@@ -244,7 +244,7 @@ def cost_aware(problem: Problem, base: Schedule, search: bool = True) -> Schedul
     and, with ``search``, the free list schedules of every policy. On the closed forms' own grid
     (F = B = W, p2p = 0) ``base`` is returned as it is. Ties keep ``base``.
     """
-    from optpipe.compiler.simulate import simulate
+    from optpipe.core.simulate import simulate
 
     if _uniform(problem):
         return base
@@ -463,8 +463,8 @@ def cost_aware_v(problem: Problem, base: Schedule, warmup: Schedule, cap: int) -
     the schedule whose warm-up forwards the rounds start from. Ties keep ``base``."""
     from dataclasses import replace
 
-    from optpipe.compiler.problem import Costs
-    from optpipe.compiler.simulate import simulate
+    from optpipe.core.problem import Costs
+    from optpipe.core.simulate import simulate
 
     timeline = simulate(problem, base)
     best, best_key = base, (timeline.makespan, timeline.peak)

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Callable
 
-from optpipe.compiler.problem import Costs, Memory, Pipeline, Placement, Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.semantics import kept_bytes
+from optpipe.core.problem import Costs, Memory, Pipeline, Placement, Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.semantics import kept_bytes
 
 __all__ = ["INTERVAL", "VBlock", "Reorder", "REORDERS", "v_schedule"]
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import heapq
 
-from optpipe.compiler.errors import InternalError
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.semantics import Place, duration_ms, holds, waits
-from optpipe.compiler.units import format_size
+from optpipe.core.errors import InternalError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.semantics import Place, duration_ms, holds, waits
+from optpipe.core.units import format_size
 
 from ..registry import register, require
 

@@ -26,8 +26,8 @@ Needs m >= 2p (every device must reach the main phase).
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Placement, Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.core.problem import Placement, Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 
 from ..registry import register, require
 

@@ -25,8 +25,8 @@ on each other in a cycle (p = 8: groups of 1 to 3 deadlock, 4 runs).
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Placement, Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.core.problem import Placement, Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 
 from ..registry import register, require
 

@@ -6,8 +6,8 @@ once (peak m per stage on a device), bubble (p-1)/(m+p-1) with equal stage costs
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 
 from ..registry import register
 

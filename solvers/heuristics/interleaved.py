@@ -24,8 +24,8 @@ With m < p the groups hold fewer microbatches than there are devices and the bub
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Placement, Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.core.problem import Placement, Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 
 from ..registry import register, require
 

@@ -18,8 +18,8 @@ same peak memory (``_greedy.cost_aware``) and keeps whichever is faster.
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 
 from ..registry import register
 from ._greedy import cost_aware

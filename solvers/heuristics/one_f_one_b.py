@@ -7,8 +7,8 @@ equal costs, and at most p activations in flight on device 0 (p-d on device d).
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Placement, Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.core.problem import Placement, Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 
 from ..registry import register, require
 

@@ -28,10 +28,10 @@ only make a backward wait, so both run exactly as fast as GIS-H.
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.semantics import duration_ms
-from optpipe.compiler.simulate import simulate
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.semantics import duration_ms
+from optpipe.core.simulate import simulate
 
 from ..offload_slots import add_hidden_offloads, longest_lived_stages, offloadable, round_trip_ms
 from ..registry import register, require

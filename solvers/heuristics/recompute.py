@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from optpipe.compiler.problem import Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
-from optpipe.compiler.semantics import TOLERANCE_MS
-from optpipe.compiler.simulate import simulate
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.semantics import TOLERANCE_MS
+from optpipe.core.simulate import simulate
 
 from ..offload_slots import activation_windows, add_hidden_offloads, add_offloads, offloadable, round_trip_ms
 from ..recompute import add_recomputes

@@ -43,9 +43,9 @@ authors' generators at no more peak.
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Placement, Problem
-from optpipe.compiler.schedule import Schedule
-from optpipe.compiler.simulate import simulate
+from optpipe.core.problem import Placement, Problem
+from optpipe.core.schedule import Schedule
+from optpipe.core.simulate import simulate
 
 from ..registry import register, require
 from ._greedy import _uniform, cost_aware, cost_aware_v

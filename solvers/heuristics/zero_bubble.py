@@ -34,8 +34,8 @@ the closed form, and measured against the authors' generator in ``tests/test_heu
 
 from __future__ import annotations
 
-from optpipe.compiler.problem import Placement, Problem
-from optpipe.compiler.schedule import Op, OpKind, Schedule
+from optpipe.core.problem import Placement, Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
 
 from ..registry import register, require
 from ._greedy import cost_aware

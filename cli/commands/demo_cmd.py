@@ -1,0 +1,25 @@
+"""optpipe demo: what `make demo` runs, on the built-in problem."""
+
+from __future__ import annotations
+
+from optpipe.cli.commands.common import default_problem
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("demo", help="compare schedules on the built-in 8-device GPT problem, then compile it")
+    parser.add_argument("--time-limit", type=float, default=20.0, metavar="S", help="seconds for the solver (default 20)")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from optpipe.solvers.compare import compare
+
+    from optpipe.cli.commands.compare_cmd import print_comparison
+
+    problem = default_problem()
+    print_comparison(problem, compare(problem))
+    # The built-in budget is one the plain schedules miss: compile finds what fits.
+    from optpipe.cli.commands.compile_cmd import compile_live, print_result
+
+    print_result(compile_live(problem, time_limit_s=args.time_limit))
+    return 0

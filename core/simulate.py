@@ -1,0 +1,441 @@
+"""The simulator: the one judge of every schedule, heuristic or solved.
+
+``simulate(problem, schedule)`` times every op under the semantics of
+``semantics.py`` (earliest start given its waits, device order and channel order), then replays memory on each device and
+on its host. Invalid schedules raise ``ScheduleError`` naming the op and the rule it breaks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable
+
+from optpipe.core.errors import ScheduleError
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.semantics import CHANNEL, At, Channel, Place, duration_ms, effects, instant, link, ready_key, waits
+from optpipe.core.units import format_size
+
+__all__ = ["OpTiming", "Timeline", "simulate", "start_times", "describe_fit", "op_duration"]
+
+_F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
+_RC = OpKind.RECOMPUTE
+
+
+@dataclass(frozen=True, slots=True)
+class OpTiming:
+    op: Op
+    device: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What a schedule does on a problem: when each op runs and what memory it holds."""
+
+    problem: Problem
+    schedule_name: str
+    timings: tuple[OpTiming, ...]  # per device in list order, devices in turn
+    makespan: float  # ms, first start to last end
+    busy: tuple[float, ...]  # per device compute time, ms
+    memory: tuple[tuple[tuple[float, int], ...], ...]  # per device (time, bytes held after it)
+    peak_memory: tuple[int, ...]
+    peak_time: tuple[float, ...]
+    host_peak: tuple[int, ...]
+
+    @property
+    def bubble_ratio(self) -> float:
+        return 1.0 - sum(self.busy) / (len(self.busy) * self.makespan) if self.makespan > 0 else 0.0
+
+    @property
+    def peak(self) -> int:
+        return max(self.peak_memory)
+
+    @property
+    def peak_device(self) -> int:
+        return max(range(len(self.peak_memory)), key=lambda d: (self.peak_memory[d], -d))
+
+    @property
+    def busiest_compute(self) -> float:
+        return max(self.busy)
+
+    @property
+    def idle_time(self) -> float:
+        """Makespan minus the busiest device's compute: the time no schedule can hide."""
+        return self.makespan - self.busiest_compute
+
+    @property
+    def fits_budget(self) -> bool:
+        return self.peak <= self.problem.memory.budget
+
+    @property
+    def fits_host(self) -> bool:
+        return not self.problem.offload.enabled or max(self.host_peak) <= self.problem.offload.host_budget
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_budget and self.fits_host
+
+    @cached_property
+    def by_op(self) -> dict[Op, OpTiming]:
+        return {t.op: t for t in self.timings}
+
+    def summary(self) -> dict:
+        return {
+            "schedule": self.schedule_name,
+            "problem": self.problem.name,
+            "makespan_ms": self.makespan,
+            "bubble_ratio": self.bubble_ratio,
+            "busy_ms": list(self.busy),
+            "peak_memory_bytes": list(self.peak_memory),
+            "peak_time_ms": list(self.peak_time),
+            "host_peak_bytes": list(self.host_peak),
+            "budget_bytes": self.problem.memory.budget,
+            "fits_budget": self.fits,
+        }
+
+
+def op_duration(problem: Problem, op: Op) -> float:
+    """Milliseconds (semantics.duration_ms; kept here for callers that time ops)."""
+    return duration_ms(problem, op)
+
+
+def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]]:
+    """Every op once, on its stage's device; returns op -> (device, position)."""
+    pipe = problem.pipeline
+    if schedule.num_devices != pipe.devices:
+        raise ScheduleError(
+            f"schedule {schedule.name!r} has {schedule.num_devices} devices but the problem has {pipe.devices}"
+        )
+    where: dict[Op, tuple[int, int]] = {}
+    stages, microbatches = pipe.stages, pipe.microbatches
+    device_of = [pipe.device_of(s) for s in range(stages)]
+    for device, ops in enumerate(schedule.devices):
+        for position, op in enumerate(ops):
+            if not 0 <= op.stage < stages:
+                raise ScheduleError(f"device {device} position {position}: {op} names stage {op.stage}, "
+                                    f"but stages run 0..{stages - 1}")
+            if not 0 <= op.microbatch < microbatches:
+                raise ScheduleError(f"device {device} position {position}: {op} names microbatch {op.microbatch}, "
+                                    f"but microbatches run 0..{microbatches - 1}")
+            if device_of[op.stage] != device:
+                raise ScheduleError(f"device {device} position {position}: {op} is on the wrong device; "
+                                    f"stage {op.stage} runs on device {device_of[op.stage]}")
+            if op in where:
+                first = where[op]
+                raise ScheduleError(f"device {device} position {position}: duplicate op {op} "
+                                    f"(already at position {first[1]})")
+            where[op] = (device, position)
+    if not problem.offload.enabled and any(op.kind in (_OFF, _REL) for op in where):
+        first = next(op for op in where if op.kind in (_OFF, _REL))
+        raise ScheduleError(f"{first} moves an activation, but offload is not enabled in the problem "
+                            f"([offload] enabled = true with bandwidths)")
+    if not problem.recompute.enabled and any(op.kind is _RC for op in where):
+        first = next(op for op in where if op.kind is _RC)
+        raise ScheduleError(f"{first} recomputes an activation, but recompute is not enabled in the problem "
+                            f"(add a [recompute] table)")
+    for s in range(stages):
+        for i in range(microbatches):
+            if Op(_F, s, i) not in where:
+                raise ScheduleError(f"missing op F{s}:{i}: every stage runs F for every microbatch")
+            split = Op(_B, s, i) in where or Op(_W, s, i) in where
+            fused = Op(_BW, s, i) in where
+            if split and fused:
+                raise ScheduleError(f"BW{s}:{i} and a split B/W of the same stage and microbatch: use one or the other")
+            if not split and not fused:
+                raise ScheduleError(f"missing op B{s}:{i} (or BW{s}:{i}): every stage runs a backward for every microbatch")
+            if split:
+                for kind in (_B, _W):
+                    if Op(kind, s, i) not in where:
+                        raise ScheduleError(f"missing op {Op(kind, s, i)}: a split backward needs both B and W")
+            off, rel = Op(_OFF, s, i), Op(_REL, s, i)
+            rc = Op(_RC, s, i)
+            if rc in where:
+                backward = Op(_B, s, i) if split else Op(_BW, s, i)
+                if off in where:
+                    raise ScheduleError(f"{rc} and {off}: an activation is kept, offloaded or recomputed, "
+                                        f"not both offloaded and recomputed")
+                if where[rc][1] < where[Op(_F, s, i)][1]:
+                    raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {rc} is listed before "
+                                        f"its F{s}:{i}; a recompute re-runs the forward, so it comes after F")
+                if where[rc][1] > where[backward][1]:
+                    raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {backward} is listed before "
+                                        f"its {rc}; the recompute must come before the backward that uses it")
+            if (rel in where) and (off not in where):
+                raise ScheduleError(f"{rel} without OFF{s}:{i}: only an offloaded activation can be reloaded")
+            if (off in where) and (rel not in where):
+                raise ScheduleError(f"{off} without REL{s}:{i}: an offloaded activation must be reloaded before B")
+            if off in where:
+                if where[off][1] < where[Op(_F, s, i)][1]:
+                    raise ScheduleError(f"device {where[off][0]} position {where[off][1]}: {off} is listed before "
+                                        f"its F{s}:{i}; an offload moves what F saved, so it comes after F")
+                backward = Op(_B, s, i) if split else Op(_BW, s, i)
+                if where[rel][1] > where[backward][1]:
+                    raise ScheduleError(f"device {where[rel][0]} position {where[rel][1]}: {backward} is listed before "
+                                        f"its {rel}; the reload must come before the backward that uses it")
+    return where
+
+
+def _graph(problem: Problem, schedule: Schedule) -> tuple[list[Op], list[int], list[list[tuple[int, float]]]]:
+    """Nodes in (device, position) order and, per node, (predecessor node, lag ms).
+
+    The data waits are the op's (semantics.py); the schedule adds the device order of compute
+    ops, the issue point of a transfer (the compute op listed before it) and channel order.
+    """
+    where = _check_ops(problem, schedule)
+    ops: list[Op] = []
+    node_device: list[int] = []
+    for device, device_ops in enumerate(schedule.devices):
+        ops.extend(device_ops)
+        node_device.extend([device] * len(device_ops))
+    index = {op: n for n, op in enumerate(ops)}
+    preds: list[list[tuple[int, float]]] = [[] for _ in ops]
+    rules = _Rules(problem, where)
+    n = 0
+    for device_ops in schedule.devices:
+        last: dict[Channel, int] = {}
+        for op in device_ops:
+            mine = preds[n]
+            channel = CHANNEL[op.kind]
+            if Channel.COMPUTE in last:
+                mine.append((last[Channel.COMPUTE], 0.0))  # device order, or a transfer's issue point
+            if channel is not Channel.COMPUTE and channel in last:
+                mine.append((last[channel], 0.0))
+            last[channel] = n
+            i = op.microbatch
+            for kind, stage, lag in rules.waits(op):
+                mine.append((index[Op(kind, stage, i)], lag))
+            n += 1
+    return ops, node_device, preds
+
+
+class _Rules:
+    """semantics.py's answers for one schedule, asked once per (kind, stage, case): the simulator
+    is hot, and an op's waits and effects depend on its microbatch only through its own index."""
+
+    def __init__(self, problem: Problem, present):
+        self.problem = problem
+        self.fused = {(op.stage, op.microbatch) for op in present if op.kind is _BW}
+        self.offloaded = {(op.stage, op.microbatch) for op in present if op.kind is _OFF}
+        self.recomputed = {(op.stage, op.microbatch) for op in present if op.kind is _RC}
+        self._waits: dict = {}
+        self._effects: dict = {}
+
+    def waits(self, op: Op) -> tuple[tuple[OpKind, int, float], ...]:
+        s, i = op.stage, op.microbatch
+        key = (op.kind, s, (s + 1, i) in self.fused, (s, i) in self.offloaded, (s, i) in self.recomputed)
+        rule = self._waits.get(key)
+        if rule is None:
+            rule = self._waits[key] = tuple(
+                (w.op.kind, w.op.stage, w.lag_ms)
+                for w in waits(self.problem, Op(op.kind, s, 0), fused_above=key[2], offloaded=key[3],
+                               recomputed=key[4]))
+        return rule
+
+    def effects(self, op: Op) -> tuple[tuple[Place, bool, int], ...]:
+        """(place, at the end?, bytes taken (+) or released (-))."""
+        pair = (op.stage, op.microbatch)
+        key = (op.kind, op.stage, pair in self.fused, pair in self.offloaded, pair in self.recomputed)
+        rule = self._effects.get(key)
+        if rule is None:
+            rule = self._effects[key] = tuple(
+                (e.place, e.at is At.END, e.delta)
+                for e in effects(self.problem, Op(op.kind, op.stage, 0), fused=key[2], offloaded=key[3],
+                                 recomputed=key[4]))
+        return rule
+
+
+def start_times(problem: Problem, schedule: Schedule, measure: Callable[[float], float]) -> dict[Op, float]:
+    """Each op's start under the simulator's rule, with every duration and lag passed through
+    ``measure`` first: ``measure=grid.up`` gives a schedule's times in a model's units."""
+    ops, node_device, preds = _graph(problem, schedule)
+    duration = [measure(duration_ms(problem, op)) for op in ops]
+    scaled = [[(p, measure(lag)) for p, lag in mine] for mine in preds]
+    start, _ = _paths(problem, ops, node_device, scaled, duration)
+    return dict(zip(ops, start))
+
+
+def simulate(problem: Problem, schedule: Schedule) -> Timeline:
+    ops, node_device, preds = _graph(problem, schedule)
+    count = len(ops)
+    duration = [duration_ms(problem, op) for op in ops]
+    start, end = _paths(problem, ops, node_device, preds, duration)
+    timings = tuple(OpTiming(ops[k], node_device[k], start[k], end[k]) for k in range(count))
+    first = min(start) if count else 0.0
+    makespan = (max(end) - first) if count else 0.0
+    return _replay_memory(problem, schedule, timings, makespan, first)
+
+
+def _successors(preds) -> tuple[list[list[tuple[int, float]]], list[int]]:
+    """The wait graph turned around: per node its (successor, lag) and how many waits it has."""
+    succs: list[list[tuple[int, float]]] = [[] for _ in preds]
+    indegree = [len(mine) for mine in preds]
+    for k, mine in enumerate(preds):
+        for p, lag in mine:
+            succs[p].append((k, lag))
+    return succs, indegree
+
+
+def _paths(problem: Problem, ops, node_device, preds, duration) -> tuple[list[float], list[float]]:
+    if problem.offload.enabled and problem.offload.link_groups:
+        return _shared_paths(problem, ops, node_device, preds, duration)
+    return _longest_paths(ops, node_device, preds, duration)
+
+
+def _shared_paths(problem: Problem, ops, node_device, preds, duration) -> tuple[list[float], list[float]]:
+    """Start times when devices share host links (semantics.py, "Shared host links").
+
+    Ops are finished in time order (as Dijkstra does: no op makes another start earlier than
+    itself), so when a transfer on a shared channel comes up, every transfer that was ready
+    before it has already taken the channel: the FIFO by ready time (semantics.ready_key).
+    """
+    count = len(ops)
+    succs, indegree = _successors(preds)
+    grouped = {d for group in problem.offload.link_groups for d in group}
+    position = [0] * count
+    channel_of: list = [None] * count
+    seen: dict[int, int] = {}
+    for k, op in enumerate(ops):
+        d = node_device[k]
+        position[k] = seen.get(d, 0)
+        seen[d] = position[k] + 1
+        channel = CHANNEL[op.kind]
+        if channel is not Channel.COMPUTE and d in grouped:
+            channel_of[k] = (link(problem, d), channel)
+    ready = [0.0] * count
+    start = [0.0] * count
+    end = [0.0] * count
+    free: dict = {}
+    heap = [(instant(0.0), ready_key(0.0, node_device[k], position[k]), 0.0, k) for k in range(count) if indegree[k] == 0]
+    heapq.heapify(heap)
+    done = 0
+    while heap:
+        _, key, at, k = heapq.heappop(heap)
+        channel = channel_of[k]
+        if channel is not None:
+            busy_until = free.get(channel)
+            if busy_until is not None and instant(busy_until) > instant(at):
+                heapq.heappush(heap, (instant(busy_until), key, busy_until, k))  # wait for the channel
+                continue
+            if busy_until is not None:
+                at = max(at, busy_until)
+        start[k] = at
+        finish = at + duration[k]
+        end[k] = finish
+        if channel is not None:
+            free[channel] = finish
+        done += 1
+        for nxt, lag in succs[k]:
+            t = finish + lag
+            if t > ready[nxt]:
+                ready[nxt] = t
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                r = ready[nxt]
+                heapq.heappush(heap, (instant(r), ready_key(r, node_device[nxt], position[nxt]), r, nxt))
+    if done < count:
+        raise ScheduleError(_describe_cycle(ops, node_device, preds, indegree))
+    return start, end
+
+
+def _longest_paths(ops, node_device, preds, duration) -> tuple[list[float], list[float]]:
+    count = len(ops)
+    succs, indegree = _successors(preds)
+    start = [0.0] * count
+    end = [0.0] * count
+    ready = deque(k for k in range(count) if indegree[k] == 0)
+    done = 0
+    while ready:
+        k = ready.popleft()
+        done += 1
+        finish = start[k] + duration[k]
+        end[k] = finish
+        for nxt, lag in succs[k]:
+            t = finish + lag
+            if t > start[nxt]:
+                start[nxt] = t
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    if done < count:
+        raise ScheduleError(_describe_cycle(ops, node_device, preds, indegree))
+    return start, end
+
+
+def _describe_cycle(ops, node_device, preds, indegree) -> str:
+    """Walk unfinished predecessors until a node repeats: that loop is the cycle."""
+    k = next(n for n in range(len(ops)) if indegree[n] > 0)
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    while k not in seen:
+        seen[k] = len(path)
+        path.append(k)
+        k = next(p for p, _ in preds[k] if indegree[p] > 0)
+    loop = path[seen[k]:]
+    loop.reverse()  # path follows waits backwards; reversed, each op waits for the one before it
+    names = [f"{ops[n]} (device {node_device[n]})" for n in loop]
+    chain = " -> ".join(names + [names[0]])
+    return (f"dependency cycle: these ops wait on each other, so none can start: {chain}; "
+            f"each op waits for the one before it (data dependency or device order); "
+            f"reorder the device lists so that every op comes after what it needs")
+
+
+def _replay_memory(problem: Problem, schedule: Schedule, timings, makespan: float, first: float) -> Timeline:
+    """Each op's memory effects (semantics.effects: holds taken at starts, released at ends)
+    become events at its times; at one instant releases come before allocations."""
+    devices = problem.devices
+    events = {Place.DEVICE: [[] for _ in range(devices)], Place.HOST: [[] for _ in range(devices)]}
+    busy = [0.0] * devices
+    rules = _Rules(problem, [t.op for t in timings])
+    for t in timings:
+        if t.op.kind in COMPUTE_KINDS:
+            busy[t.device] += t.end - t.start
+        for place, at_end, delta in rules.effects(t.op):
+            if at_end:
+                events[place][t.device].append((instant(t.end), 0, delta))
+            else:
+                events[place][t.device].append((instant(t.start), 1, delta))
+    curves, peaks, peak_times, host_peaks = [], [], [], []
+    for d in range(devices):
+        curve, peak, when = _curve(events[Place.DEVICE][d])
+        curves.append(curve)
+        peaks.append(peak)
+        peak_times.append(when - first if curve else 0.0)
+        host_peaks.append(_curve(events[Place.HOST][d])[1])
+    return Timeline(
+        problem=problem,
+        schedule_name=schedule.name,
+        timings=timings,
+        makespan=makespan,
+        busy=tuple(busy),
+        memory=tuple(curves),
+        peak_memory=tuple(peaks),
+        peak_time=tuple(peak_times),
+        host_peak=tuple(host_peaks),
+    )
+
+
+def _curve(events: list[tuple[float, int, int]]) -> tuple[tuple[tuple[float, int], ...], int, float]:
+    """Frees at an instant happen before allocations at the same instant."""
+    events.sort()
+    held = peak = 0
+    when = 0.0
+    curve: list[tuple[float, int]] = []
+    for time, _, delta in events:
+        held += delta
+        if curve and curve[-1][0] == time:
+            curve[-1] = (time, held)
+        else:
+            curve.append((time, held))
+        if held > peak:
+            peak, when = held, time
+    return tuple(curve), peak, when
+
+
+def describe_fit(timeline: Timeline) -> str:
+    budget = timeline.problem.memory.budget
+    return f"peak {format_size(timeline.peak)} on device {timeline.peak_device} against a budget of {format_size(budget)}"
