@@ -106,7 +106,10 @@ class Spec:
     message: tuple[Message, Exchange] | None = None  # communication only
     raises: OpKind | None = None  # the schedule op it stands for (raise_schedule; lower inverts it)
     trace_kind: OpKind | None = None  # the op whose measured time its own time adds to
-    trace_name: str | None = None  # trace events read ``{name}{stage}:{mb}``; without one, the mnemonic
+    # Trace events read ``{name}{stage}:{mb}``, like the predicted op; without one, the mnemonic.
+    # RECOMPUTE has none, so its measured events read RECOMPUTE while the predicted half says RC0:1;
+    # kept as it was (this table changes no behaviour), a one-field change if RC is wanted.
+    trace_name: str | None = None
     since: int = 1  # the plan format version that introduced it
 
 

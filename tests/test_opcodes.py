@@ -84,7 +84,8 @@ def test_operands():
 
 def test_messages_pair_send_post_and_wait():
     for message in Message:
-        send, post, wait = (next(op for op in Opcode if op.spec.message == (message, exchange)) for exchange in Exchange)
+        by_exchange = {op.spec.message[1]: op for op in Opcode if op.spec.message and op.spec.message[0] is message}
+        send, post, wait = by_exchange[Exchange.SEND], by_exchange[Exchange.POST], by_exchange[Exchange.WAIT]
         assert RECEIVE_OF[send] is post and WAIT_OF[post] is wait
         # The receiver's stage looks back at the sender's; its post and its wait name the same stage.
         assert NEIGHBOUR[post] == NEIGHBOUR[wait] == (-NEIGHBOUR[send].step, True)
