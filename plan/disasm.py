@@ -12,7 +12,8 @@ from typing import NamedTuple
 from optpipe.plan.bytecode import version_of
 from optpipe.core.errors import PlanError, printable
 from optpipe.core.problem import Problem
-from optpipe.plan.program import NO_PEER, SENDS, Instruction, Opcode, PlanHeader, Program
+from optpipe.plan.program import (NEIGHBOUR, NO_PEER, SENDS, Exchange, Instruction, Neighbour, Opcode, PlanHeader,
+                                  Program)
 from optpipe.core.units import format_size
 
 __all__ = ["Line", "resolve", "disassemble"]
@@ -32,26 +33,26 @@ def _operand(value: int) -> str:
     return "" if value == -1 else str(value)
 
 
+def _link(ins: Instruction, link: Neighbour, rank_of: tuple[int, ...]) -> str:
+    """Where the data of a message or hand-over goes or comes from: the neighbouring stage's rank."""
+    other = ins.stage + link.step
+    if not link.crosses:
+        return f"to stage {other} on this rank"
+    exchange = ins.opcode.spec.message[1]
+    if exchange is Exchange.SEND:
+        return f"to rank {ins.peer}, stage {other}"
+    if exchange is Exchange.POST:
+        return f"from rank {ins.peer}, stage {other}"
+    # A wait has no peer operand: the header says which rank the stage lives on (the plan may be unverified).
+    return f"from rank {rank_of[other]}" if ins.stage >= 0 and 0 <= other < len(rank_of) else ""
+
+
 def _comment(ins: Instruction, header: PlanHeader, problem: Problem | None, sends: int) -> str:
     op, s = ins.opcode, ins.stage
-    rank_of = header.stage_ranks
     sizes = problem.memory if problem is not None else None
-    if op is O.SEND_ACTIVATION:
-        return f"to rank {ins.peer}, stage {s + 1}"
-    if op is O.SEND_GRADIENT:
-        return f"to rank {ins.peer}, stage {s - 1}"
-    if op is O.POST_RECV_ACTIVATION:
-        return f"from rank {ins.peer}, stage {s - 1}"
-    if op is O.POST_RECV_GRADIENT:
-        return f"from rank {ins.peer}, stage {s + 1}"
-    if op is O.WAIT_RECV_ACTIVATION:
-        return f"from rank {rank_of[s - 1]}" if 0 < s <= len(rank_of) else ""
-    if op is O.WAIT_RECV_GRADIENT:
-        return f"from rank {rank_of[s + 1]}" if 0 <= s < len(rank_of) - 1 else ""
-    if op is O.LOCAL_ACTIVATION:
-        return f"to stage {s + 1} on this rank"
-    if op is O.LOCAL_GRADIENT:
-        return f"to stage {s - 1} on this rank"
+    link = NEIGHBOUR.get(op)
+    if link is not None:
+        return _link(ins, link, header.stage_ranks)
     if op is O.WAIT_SENDS:
         return f"{sends} send{'s' if sends != 1 else ''}"
     if sizes is None or not 0 <= s < len(sizes.activation):

@@ -35,7 +35,7 @@ import hashlib
 from collections import defaultdict
 
 from optpipe.core.problem import Problem, dumps_problem
-from optpipe.plan.program import Instruction, Opcode, PlanHeader, Program
+from optpipe.plan.program import KIND_OF, OPCODE_OF, Instruction, Opcode, PlanHeader, Program
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.simulate import simulate
@@ -108,20 +108,14 @@ def _block(op: Op, device: int, rank_of: tuple[int, ...], last: int, offloaded: 
             out.append(Instruction(Opcode.WAIT_RECV_GRADIENT, s, i))
         if offloaded:
             out.append(Instruction(Opcode.WAIT_RELOAD, s, i))
-        out.append(Instruction(Opcode.BACKWARD_INPUT if op.kind is _B else Opcode.BACKWARD, s, i))
+        out.append(Instruction(OPCODE_OF[op.kind], s, i))
         if s > 0:
             if rank_of[s - 1] != device:
                 out.append(Instruction(Opcode.SEND_GRADIENT, s, i, rank_of[s - 1]))
             else:
                 out.append(Instruction(Opcode.LOCAL_GRADIENT, s, i))
-    elif op.kind is _W:
-        out.append(Instruction(Opcode.BACKWARD_WEIGHT, s, i))
-    elif op.kind is _OFF:
-        out.append(Instruction(Opcode.OFFLOAD, s, i))
-    elif op.kind is OpKind.RECOMPUTE:
-        out.append(Instruction(Opcode.RECOMPUTE, s, i))
-    else:
-        out.append(Instruction(Opcode.RELOAD, s, i))
+    else:  # W, OFFLOAD, RELOAD, RECOMPUTE: the op's own instruction, nothing around it
+        out.append(Instruction(OPCODE_OF[op.kind], s, i))
     return out
 
 
@@ -179,21 +173,10 @@ def _offload_waits(ops: tuple[Op, ...], timing) -> dict[int, list]:
     return waits
 
 
-_RAISED = {
-    Opcode.FORWARD: _F,
-    Opcode.BACKWARD_INPUT: _B,
-    Opcode.BACKWARD_WEIGHT: _W,
-    Opcode.BACKWARD: _BW,
-    Opcode.OFFLOAD: _OFF,
-    Opcode.RELOAD: _REL,
-    Opcode.RECOMPUTE: OpKind.RECOMPUTE,
-}
-
-
 def raise_schedule(program: Program) -> Schedule:
     """The schedule a program runs: its compute and transfer starts in stream order (inverse of lower)."""
     devices = [
-        [Op(_RAISED[ins.opcode], ins.stage, ins.microbatch) for ins in stream if ins.opcode in _RAISED]
+        [Op(KIND_OF[ins.opcode], ins.stage, ins.microbatch) for ins in stream if ins.opcode in KIND_OF]
         for stream in program.ranks
     ]
     return Schedule.of(program.header.schedule_name, devices)

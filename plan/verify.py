@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from optpipe.core.errors import PlanError
 from optpipe.plan.lower import header_for, raise_schedule
 from optpipe.core.problem import Problem
-from optpipe.plan.program import HAS_PEER, NO_PEER, SENDS, Instruction, Opcode, Program
+from optpipe.core.schedule import OpKind
+from optpipe.plan.program import (HAS_PEER, KIND_OF, NEIGHBOUR, NO_PEER, RECEIVE_OF, RECEIVE_POSTS, RECEIVE_WAITS,
+                                  SENDS, WAIT_OF, Instruction, Opcode, Operand, Program)
 from optpipe.core.simulate import Timeline, simulate
 
 __all__ = ["Verdict", "verify", "check_against_problem", "predict"]
@@ -90,19 +92,6 @@ def _check_header(program: Program) -> None:
 
 # --------------------------------------------------------------------------- 2. operands
 
-# Opcodes that name a neighbouring stage: (direction, whether that stage lives on another rank).
-_NEIGHBOUR = {
-    O.SEND_ACTIVATION: (+1, True),
-    O.POST_RECV_ACTIVATION: (-1, True),
-    O.WAIT_RECV_ACTIVATION: (-1, True),
-    O.SEND_GRADIENT: (-1, True),
-    O.POST_RECV_GRADIENT: (+1, True),
-    O.WAIT_RECV_GRADIENT: (+1, True),
-    O.LOCAL_ACTIVATION: (+1, False),
-    O.LOCAL_GRADIENT: (-1, False),
-}
-
-
 @dataclass(frozen=True)
 class _Rank:
     rank: int
@@ -126,9 +115,10 @@ def _check_instruction(program: Program, c: _Rank, position: int, ins: Instructi
     rank = c.rank
     if not isinstance(ins.opcode, Opcode):
         raise _fail(rank, position, ins, "known opcodes only", f"{ins.opcode!r} is not an opcode")
-    if ins.opcode is O.WAIT_SENDS:
+    if Operand.STAGE not in ins.opcode.spec.operands:
         if (ins.stage, ins.microbatch, ins.peer) != (-1, -1, NO_PEER):
-            raise _fail(rank, position, ins, "WAIT_SENDS has no operands", "expected stage, microbatch and peer -1")
+            raise _fail(rank, position, ins, f"{ins.opcode.name} has no operands",
+                        "expected stage, microbatch and peer -1")
         return
     s, i = ins.stage, ins.microbatch
     if not 0 <= s < h.stages:
@@ -142,7 +132,7 @@ def _check_instruction(program: Program, c: _Rank, position: int, ins: Instructi
         raise _fail(rank, position, ins, "microbatches are loaded by the first stage", f"stage {s} is not stage 0")
     if ins.opcode is O.LOSS and s != c.last:
         raise _fail(rank, position, ins, "the loss belongs to the last stage", f"stage {s} is not stage {c.last}")
-    link = _NEIGHBOUR.get(ins.opcode)
+    link = NEIGHBOUR.get(ins.opcode)
     expected_peer = NO_PEER
     if link is not None:
         step, crosses = link
@@ -182,13 +172,9 @@ def _check_operands(program: Program, rank: int, stream: tuple[Instruction, ...]
 
 # --------------------------------------------------------------------------- 3. pairing
 
-_RECEIVE_OF = {O.SEND_ACTIVATION: (O.POST_RECV_ACTIVATION, +1), O.SEND_GRADIENT: (O.POST_RECV_GRADIENT, -1)}
-
-
 def _wanted_post(send: Instruction) -> Fact:
-    """The posted receive that a send pairs with."""
-    kind, step = _RECEIVE_OF[send.opcode]
-    return kind, send.stage + step, send.microbatch
+    """The posted receive that a send pairs with: the receiving stage's, for the same microbatch."""
+    return RECEIVE_OF[send.opcode], send.stage + NEIGHBOUR[send.opcode].step, send.microbatch
 
 
 @dataclass(frozen=True)
@@ -209,9 +195,9 @@ def _check_pairing(program: Program) -> list[_Pair]:
         for position, ins in enumerate(stream):
             if ins.opcode in SENDS:
                 sends[(rank, ins.peer)].append((position, ins))
-            elif ins.opcode in (O.POST_RECV_ACTIVATION, O.POST_RECV_GRADIENT):
+            elif ins.opcode in RECEIVE_POSTS:
                 posts[(ins.peer, rank)].append((position, ins))
-            elif ins.opcode in (O.WAIT_RECV_ACTIVATION, O.WAIT_RECV_GRADIENT):
+            elif ins.opcode in RECEIVE_WAITS:
                 mine[(ins.opcode, ins.stage, ins.microbatch)] = position
         waits.append(mine)
     pairs = []
@@ -227,7 +213,7 @@ def _check_pairing(program: Program) -> list[_Pair]:
         for position, send in out:
             if _wanted_post(send) not in posted:
                 kind, s, i = _wanted_post(send)
-                wait = (O.WAIT_RECV_ACTIVATION if kind is O.POST_RECV_ACTIVATION else O.WAIT_RECV_GRADIENT, s, i)
+                wait = (WAIT_OF[kind], s, i)
                 waiting = ""
                 if wait in waits[b]:
                     waiting = f"; it waits for it at position {waits[b][wait]} without posting it"
@@ -241,8 +227,7 @@ def _check_pairing(program: Program) -> list[_Pair]:
                     f"two ranks': it is receive #{k + 1} posted from rank {a}, but send #{k + 1} from rank {a} to "
                     f"rank {b} is {send} at rank {a} position {send_at}, which needs {_text(expected)} "
                     f"(posted here at position {posted[expected]})")
-            wait_kind = O.WAIT_RECV_ACTIVATION if post.opcode is O.POST_RECV_ACTIVATION else O.WAIT_RECV_GRADIENT
-            wait_at = waits[b].get((wait_kind, post.stage, post.microbatch), -1)
+            wait_at = waits[b].get((WAIT_OF[post.opcode], post.stage, post.microbatch), -1)
             pairs.append(_Pair(a, send_at, b, post_at, wait_at))
     return pairs
 
@@ -259,7 +244,7 @@ _NOT_AFTER_BACKWARD = "an activation is offloaded before its backward, not after
 _ONE_BACKWARD = "one microbatch's backward is either fused or split, not both"
 _RECOMPUTE_BEFORE_BACKWARD = "a recompute brings back what its backward uses, so it comes before the backward"
 _KEEP_OFFLOAD_OR_RECOMPUTE = "an activation is kept, offloaded or recomputed: not both offloaded and recomputed"
-_BACKWARDS = (O.BACKWARD_INPUT, O.BACKWARD)
+_BACKWARDS = tuple(op for op, kind in KIND_OF.items() if kind in (OpKind.B, OpKind.BW))  # make the input gradient
 
 # For each opcode: which opcodes of the same stage and microbatch must have run before it on
 # the same rank (any one of a group), and the rule that says so.

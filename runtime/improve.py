@@ -38,7 +38,7 @@ import torch.distributed as dist
 from optpipe.core.errors import OptpipeError
 from optpipe.plan.lower import lower
 from optpipe.core.problem import Costs, Memory, Problem
-from optpipe.plan.program import Opcode, Program
+from optpipe.plan.program import TRACE_KIND, Program
 
 from .comm import collective, first_line
 from .pipeline import PipelineRank
@@ -47,8 +47,6 @@ from .resolve import resolve
 __all__ = ["OnlineImprover", "Switch", "starting_plan", "measured_costs"]
 
 _PENDING, _PROPOSE, _DONE = 0, 1, 2
-_KIND = {Opcode.FORWARD: "F", Opcode.LOSS: "F", Opcode.BACKWARD_INPUT: "B", Opcode.BACKWARD_WEIGHT: "W",
-         Opcode.BACKWARD: "BW"}
 
 
 @dataclass(frozen=True)
@@ -184,7 +182,7 @@ class OnlineImprover:
     def _record(self, pipe: PipelineRank) -> None:
         per_op: dict[tuple[str, int, int], float] = defaultdict(float)
         for record in pipe.last.records:
-            kind = _KIND.get(record.opcode)
+            kind = TRACE_KIND.get(record.opcode)
             if kind is not None:  # the loss counts as part of the last stage's forward
                 per_op[(kind, record.stage, record.microbatch)] += (record.end_ns - record.start_ns) / 1e6
         for (kind, stage, _), ms in per_op.items():

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from optpipe.core.errors import OptpipeError, PlanError
-from optpipe.plan.program import Instruction, Opcode, Program
+from optpipe.plan.program import POSTS_MESSAGE, Instruction, Opcode, Program
 from optpipe.plan.verify import verify
 
 from .comm import ACTIVATION, GRADIENT, P2P, Message, first_line, recv_meta, send_meta
@@ -36,7 +36,6 @@ from .store import ActivationStore, module_tensors
 __all__ = ["Interpreter", "StepResult", "InstructionRecord", "check_plan", "check_world"]
 
 O = Opcode
-_POSTS = frozenset({O.SEND_ACTIVATION, O.SEND_GRADIENT, O.POST_RECV_ACTIVATION, O.POST_RECV_GRADIENT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +143,7 @@ class Interpreter:
         ops: list[tuple[Callable, object, int]] = []
         run: list[Instruction] = []
         for position, ins in enumerate(self.code):
-            if ins.opcode in _POSTS:
+            if ins.opcode in POSTS_MESSAGE:
                 run.append(ins)
                 continue
             if run:

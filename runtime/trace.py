@@ -15,17 +15,13 @@ from collections import defaultdict
 
 from optpipe.plan.lower import raise_schedule
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
-from optpipe.plan.program import COMPUTE, Opcode, Program
+from optpipe.plan.program import COMPUTE, TRACE_KIND, TRACE_NAME, Opcode, Program
 from optpipe.core.render.trace import chrome_trace
 from optpipe.core.simulate import Timeline, simulate
 
 __all__ = ["run_trace", "measured_problem"]
 
 _MEASURED_PID = 1000  # predicted devices keep pids 0..p-1, measured ranks come after
-_KIND = {Opcode.FORWARD: "F", Opcode.LOSS: "F", Opcode.BACKWARD_INPUT: "B", Opcode.BACKWARD_WEIGHT: "W",
-         Opcode.BACKWARD: "BW"}
-_SHORT = {Opcode.FORWARD: "F", Opcode.BACKWARD_INPUT: "B", Opcode.BACKWARD_WEIGHT: "W", Opcode.BACKWARD: "BW",
-          Opcode.OFFLOAD: "OFF", Opcode.RELOAD: "REL"}
 
 
 def measured_problem(program: Program, reports) -> Problem:
@@ -37,7 +33,7 @@ def measured_problem(program: Program, reports) -> Problem:
         sizes.update(report.activation_bytes)
         per_op: dict[tuple[str, int, int], float] = defaultdict(float)
         for record in report.records:
-            kind = _KIND.get(record.opcode)
+            kind = TRACE_KIND.get(record.opcode)
             if kind is not None:  # the loss belongs to the last stage's forward
                 per_op[(kind, record.stage, record.microbatch)] += (record.end_ns - record.start_ns) / 1e6
         for (kind, stage, _), ms in per_op.items():
@@ -88,7 +84,7 @@ def run_trace(program: Program, reports, problem: Problem | None = None) -> dict
         events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
         shift = report.step_started_ns - origin
         for record in report.records:
-            short = _SHORT.get(record.opcode)
+            short = TRACE_NAME.get(record.opcode)
             name = f"{short}{record.stage}:{record.microbatch}" if short else record.opcode.name
             events.append({
                 "ph": "X", "pid": pid, "tid": 0 if record.opcode in COMPUTE else 1, "name": name,
