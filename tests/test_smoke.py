@@ -1,6 +1,11 @@
-"""The first things a user meets: every command is there, every heuristic judged, a missing file is one line."""
+"""The first things a user meets: every command and benchmark is there, every heuristic judged, a missing
+file is one line."""
+
+import importlib
+import sys
 
 import pytest
+from conftest import ROOT
 
 from optpipe.cli.main import COMMANDS, main
 
@@ -27,3 +32,12 @@ def test_a_missing_problem_file_is_one_line_and_exit_1(argv, capsys):
     err = capsys.readouterr().err
     assert "/nonexistent.toml: no such problem file" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_every_benchmark_make_bench_names_is_there():
+    if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not of the installed package
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.__main__ import ORDER
+
+    for name in ORDER:
+        assert callable(importlib.import_module(f"benchmarks.{name}").run), name
