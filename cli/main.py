@@ -53,14 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f".commands.{name}_cmd", __package__)
-        except ModuleNotFoundError as error:
-            if error.name and error.name.endswith(f"{name}_cmd"):
-                continue  # a command not built yet
-            raise
-        module.add_parser(sub)
+    for name in COMMANDS:  # every listed command has its module: a missing one is a broken install
+        importlib.import_module(f".commands.{name}_cmd", __package__).add_parser(sub)
     return parser
 
 

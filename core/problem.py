@@ -1,8 +1,8 @@
 """The problem model: pipeline shape, per-stage costs, memory budget and host link.
 
-A ``Problem`` is plain frozen data. ``load_problem`` reads the TOML format of DESIGN.md and
-``dump_problem`` writes one back that loads to an equal object. Every value error names the
-key it came from and what would be accepted.
+A ``Problem`` is plain frozen data. ``load_problem`` reads the TOML format (docs/design.md,
+"The problem file") and ``dump_problem`` writes one back that loads to an equal object. Every
+value error names the key it came from and what would be accepted.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ simulator lowering's and the verifier's predictions all read this module. A rule
 drifts: issue 9 was a CP-SAT model and a simulator that disagreed about when memory comes and
 goes. So nothing else spells out a duration, a data dependency or a memory effect.
 
-The rules (DESIGN.md, "Semantics"):
+The rules (docs/design.md, "Semantics"):
 
 - F(s, i) waits for F(s-1, i); B(s, i) for the backward of (s+1, i), or F(s, i) on the last
   stage, and for REL(s, i) when (s, i) is offloaded; W(s, i) for B(s, i); a fused BW(s, i) is B

@@ -106,6 +106,20 @@ def op_duration(problem: Problem, op: Op) -> float:
 
 def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]]:
     """Every op once, on its stage's device; returns op -> (device, position)."""
+    where = _placed(problem, schedule)
+    _check_enabled(problem, where)
+    for s in range(problem.stages):
+        for i in range(problem.microbatches):
+            split = _check_passes(where, s, i)
+            backward = Op(_B, s, i) if split else Op(_BW, s, i)
+            _check_recompute(where, s, i, backward)
+            _check_offload(where, s, i, backward)
+    return where
+
+
+def _placed(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]]:
+    """Each op's (device, position), after checking that it names a real stage and microbatch,
+    sits on its stage's device, and appears once."""
     pipe = problem.pipeline
     if schedule.num_devices != pipe.devices:
         raise ScheduleError(
@@ -130,6 +144,11 @@ def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]
                 raise ScheduleError(f"device {device} position {position}: duplicate op {op} "
                                     f"(already at position {first[1]})")
             where[op] = (device, position)
+    return where
+
+
+def _check_enabled(problem: Problem, where: dict[Op, tuple[int, int]]) -> None:
+    """Transfers need [offload] and recomputes [recompute]."""
     if not problem.offload.enabled and any(op.kind in (_OFF, _REL) for op in where):
         first = next(op for op in where if op.kind in (_OFF, _REL))
         raise ScheduleError(f"{first} moves an activation, but offload is not enabled in the problem "
@@ -138,46 +157,55 @@ def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]
         first = next(op for op in where if op.kind is _RC)
         raise ScheduleError(f"{first} recomputes an activation, but recompute is not enabled in the problem "
                             f"(add a [recompute] table)")
-    for s in range(stages):
-        for i in range(microbatches):
-            if Op(_F, s, i) not in where:
-                raise ScheduleError(f"missing op F{s}:{i}: every stage runs F for every microbatch")
-            split = Op(_B, s, i) in where or Op(_W, s, i) in where
-            fused = Op(_BW, s, i) in where
-            if split and fused:
-                raise ScheduleError(f"BW{s}:{i} and a split B/W of the same stage and microbatch: use one or the other")
-            if not split and not fused:
-                raise ScheduleError(f"missing op B{s}:{i} (or BW{s}:{i}): every stage runs a backward for every microbatch")
-            if split:
-                for kind in (_B, _W):
-                    if Op(kind, s, i) not in where:
-                        raise ScheduleError(f"missing op {Op(kind, s, i)}: a split backward needs both B and W")
-            off, rel = Op(_OFF, s, i), Op(_REL, s, i)
-            rc = Op(_RC, s, i)
-            if rc in where:
-                backward = Op(_B, s, i) if split else Op(_BW, s, i)
-                if off in where:
-                    raise ScheduleError(f"{rc} and {off}: an activation is kept, offloaded or recomputed, "
-                                        f"not both offloaded and recomputed")
-                if where[rc][1] < where[Op(_F, s, i)][1]:
-                    raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {rc} is listed before "
-                                        f"its F{s}:{i}; a recompute re-runs the forward, so it comes after F")
-                if where[rc][1] > where[backward][1]:
-                    raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {backward} is listed before "
-                                        f"its {rc}; the recompute must come before the backward that uses it")
-            if (rel in where) and (off not in where):
-                raise ScheduleError(f"{rel} without OFF{s}:{i}: only an offloaded activation can be reloaded")
-            if (off in where) and (rel not in where):
-                raise ScheduleError(f"{off} without REL{s}:{i}: an offloaded activation must be reloaded before B")
-            if off in where:
-                if where[off][1] < where[Op(_F, s, i)][1]:
-                    raise ScheduleError(f"device {where[off][0]} position {where[off][1]}: {off} is listed before "
-                                        f"its F{s}:{i}; an offload moves what F saved, so it comes after F")
-                backward = Op(_B, s, i) if split else Op(_BW, s, i)
-                if where[rel][1] > where[backward][1]:
-                    raise ScheduleError(f"device {where[rel][0]} position {where[rel][1]}: {backward} is listed before "
-                                        f"its {rel}; the reload must come before the backward that uses it")
-    return where
+
+
+def _check_passes(where: dict[Op, tuple[int, int]], s: int, i: int) -> bool:
+    """F and one backward, split (B and W) or fused (BW), for (s, i); returns whether it is split."""
+    if Op(_F, s, i) not in where:
+        raise ScheduleError(f"missing op F{s}:{i}: every stage runs F for every microbatch")
+    split = Op(_B, s, i) in where or Op(_W, s, i) in where
+    fused = Op(_BW, s, i) in where
+    if split and fused:
+        raise ScheduleError(f"BW{s}:{i} and a split B/W of the same stage and microbatch: use one or the other")
+    if not split and not fused:
+        raise ScheduleError(f"missing op B{s}:{i} (or BW{s}:{i}): every stage runs a backward for every microbatch")
+    if split:
+        for kind in (_B, _W):
+            if Op(kind, s, i) not in where:
+                raise ScheduleError(f"missing op {Op(kind, s, i)}: a split backward needs both B and W")
+    return split
+
+
+def _check_recompute(where: dict[Op, tuple[int, int]], s: int, i: int, backward: Op) -> None:
+    """A recompute is not also offloaded, and is listed between its F and its backward."""
+    rc, off = Op(_RC, s, i), Op(_OFF, s, i)
+    if rc not in where:
+        return
+    if off in where:
+        raise ScheduleError(f"{rc} and {off}: an activation is kept, offloaded or recomputed, "
+                            f"not both offloaded and recomputed")
+    if where[rc][1] < where[Op(_F, s, i)][1]:
+        raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {rc} is listed before "
+                            f"its F{s}:{i}; a recompute re-runs the forward, so it comes after F")
+    if where[rc][1] > where[backward][1]:
+        raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {backward} is listed before "
+                            f"its {rc}; the recompute must come before the backward that uses it")
+
+
+def _check_offload(where: dict[Op, tuple[int, int]], s: int, i: int, backward: Op) -> None:
+    """OFF and REL come as a pair, the offload after its F and the reload before its backward."""
+    off, rel = Op(_OFF, s, i), Op(_REL, s, i)
+    if (rel in where) and (off not in where):
+        raise ScheduleError(f"{rel} without OFF{s}:{i}: only an offloaded activation can be reloaded")
+    if (off in where) and (rel not in where):
+        raise ScheduleError(f"{off} without REL{s}:{i}: an offloaded activation must be reloaded before B")
+    if off in where:
+        if where[off][1] < where[Op(_F, s, i)][1]:
+            raise ScheduleError(f"device {where[off][0]} position {where[off][1]}: {off} is listed before "
+                                f"its F{s}:{i}; an offload moves what F saved, so it comes after F")
+        if where[rel][1] > where[backward][1]:
+            raise ScheduleError(f"device {where[rel][0]} position {where[rel][1]}: {backward} is listed before "
+                                f"its {rel}; the reload must come before the backward that uses it")
 
 
 def _graph(problem: Problem, schedule: Schedule) -> tuple[list[Op], list[int], list[list[tuple[int, float]]]]:

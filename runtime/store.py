@@ -5,7 +5,7 @@ Every tensor autograd saves during a forward passes through ``saved_tensors_hook
 block): two saved views of one buffer are one block, counted once, moved once. Parameters and
 module buffers are not activations; they pass through untouched.
 
-Counting follows DESIGN.md's memory semantics so the measured peak can be held against the
+Counting follows docs/design.md, "Memory holds", so the measured peak can be held against the
 simulator's: bytes are added when a forward saves a new block (so the forward's whole
 activation is held by its end, as the simulator holds it from the start; nothing frees in
 between), ``forget(key, keep)`` at the end of B releases every block the weight pass does not

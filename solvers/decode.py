@@ -1,7 +1,8 @@
 """Turn solver start times into a Schedule (the IR every part consumes).
 
 Before: ``starts`` gives a start time (ms) for every op of the schedule, compute and transfer,
-consistent with DESIGN.md (one compute op at a time per device, one transfer per channel).
+consistent with docs/design.md, "What the schedule adds" (one compute op at a time per device,
+one transfer per channel).
 After: a Schedule whose per-device lists are in start order, each transfer placed after the
 last compute op that has ended by the transfer's start, which is where the runtime issues it.
 Re-simulating it gives start times no later than ``starts`` (the simulator runs ops as soon as

@@ -28,7 +28,7 @@ from optpipe.core.simulate import Timeline, simulate
 from .compare import Entry
 from .wfill import fill_with_w
 
-__all__ = ["Candidate", "warm_starts", "one_at_a_time", "best_candidate", "closest_candidate"]
+__all__ = ["Candidate", "warm_starts", "one_at_a_time", "best_candidate"]
 
 _CAPS = (1.0, 1.5, 2.5)  # W-filling memory caps, as multiples of the budget (1.0 alone without offload)
 
@@ -113,8 +113,3 @@ def best_candidate(candidates: list[Candidate]) -> Candidate | None:
     """The fastest that fits (ties: the first listed, so a plain heuristic beats its variants)."""
     fitting = [c for c in candidates if c.fits]
     return min(fitting, key=lambda c: c.timeline.makespan) if fitting else None
-
-
-def closest_candidate(candidates: list[Candidate]) -> Candidate | None:
-    """The one whose peak is lowest: where a search for any fitting schedule starts."""
-    return min(candidates, key=lambda c: (c.timeline.peak, c.timeline.makespan)) if candidates else None

@@ -77,9 +77,10 @@ def test_data_paths_of_one_microbatch():
 
 def test_never_above_a_heuristic_on_the_instances(instance):
     bound = makespan_lower_bound(instance).value
-    for entry in compare(instance):
-        if entry.fits:
-            assert entry.timeline.makespan >= bound - 1e-6, entry.name
+    fitting = [entry for entry in compare(instance) if entry.fits]
+    assert fitting  # 1F1B-capped fits any budget, so there is always one to hold the bound against
+    for entry in fitting:
+        assert entry.timeline.makespan >= bound - 1e-6, entry.name
 
 
 @settings(max_examples=25, deadline=None)

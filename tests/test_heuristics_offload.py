@@ -187,6 +187,7 @@ def test_add_offloads_slots_offload_after_f_and_reload_as_late_as_fits():
     problem, base = gis_h_problem(one_way=0.5)
     chosen = longest_lived(simulate(problem, base), 12)
     schedule = add_offloads(problem, base, chosen)
+    assert schedule.offloaded == chosen  # so the loop below checks twelve offloads and reloads
     timeline = simulate(problem, schedule)
     at = timeline.by_op
     for ops in schedule.devices:

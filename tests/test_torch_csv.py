@@ -17,7 +17,7 @@ from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
 from optpipe.plan.torch_csv import schedule_from_torch_csv, schedule_to_torch_csv
 from optpipe.plan.verify import verify
-from optpipe.solvers.registry import generate, generators
+from optpipe.solvers.registry import generate
 
 pytest.importorskip("torch.distributed.pipelining")
 if str(ROOT) not in sys.path:  # the PyTorch-side helpers live with the benchmark that prints the comparison
@@ -28,10 +28,6 @@ FLAT = uniform_problem(4, 8, p2p=0.1, name="flat")
 INTERLEAVED = uniform_problem(4, 8, v=2, p2p=0.1, name="interleaved")
 VSHAPE = uniform_problem(4, 8, v=2, placement=Placement.VSHAPE, p2p=0.1, name="vshape")
 SPLIT = Schedule.from_text("split", "d0: F0:0 F0:1 B0:0 W0:0 B0:1 W0:1\nd1: F1:0 B1:0 W1:0 F1:1 B1:1 W1:1")
-
-
-def _registered(name: str) -> bool:
-    return name in {g.name for g in generators()}
 
 
 def _imported(schedule: str, variant: str, problem) -> Schedule:
@@ -106,8 +102,6 @@ VSHAPE_16 = uniform_problem(4, 16, v=2, placement=Placement.VSHAPE, p2p=0.1, nam
 ])
 def test_pytorch_schedules_match_our_generators(schedule, problem, ours):
     theirs = _imported(schedule, "declared", problem)
-    if not _registered(ours):
-        pytest.skip(f"{ours} is not registered yet")
     mine = generate(ours, problem)
     assert theirs.devices == mine.devices  # the same order, so the same simulated makespan
     assert simulate(problem, theirs).makespan == simulate(problem, mine).makespan
@@ -132,13 +126,16 @@ def test_pytorch_interleaved_zero_bubble_and_zbv_import_and_verify():
     assert simulate(VSHAPE, zbv).makespan < simulate(VSHAPE, generate("GPipe", VSHAPE)).makespan
 
 
-def test_zbv_against_ours():
-    if not _registered("ZBV"):
-        pytest.skip("ZBV is not registered yet")
-    theirs = _imported("ScheduleZBVZeroBubble", "declared", VSHAPE)
-    mine = generate("ZBV", VSHAPE)
-    print(f"ZBV: PyTorch {simulate(VSHAPE, theirs).makespan:.2f} ms, ours {simulate(VSHAPE, mine).makespan:.2f} ms")
-    verify(lower(VSHAPE, mine))
+@pytest.mark.parametrize("problem", [VSHAPE, VSHAPE_16], ids=lambda problem: problem.name)
+def test_our_zbv_is_faster_than_pytorchs_at_no_more_memory(problem):
+    """With p2p > 0 our ZBV places its W passes and warm-up with the real costs; PyTorch's order
+    does not (p = 4, m = 8, p2p = 0.1 ms: 51.9 ms against PyTorch's 52.3, both peaking at 800 bytes)."""
+    theirs = simulate(problem, _imported("ScheduleZBVZeroBubble", "declared", problem))
+    mine = generate("ZBV", problem)
+    ours = simulate(problem, mine)
+    assert ours.makespan < theirs.makespan, f"ours {ours.makespan:.2f} ms, PyTorch's {theirs.makespan:.2f} ms"
+    assert ours.peak <= theirs.peak
+    verify(lower(problem, mine))
 
 
 def test_benchmark_rows():

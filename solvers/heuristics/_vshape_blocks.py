@@ -80,7 +80,7 @@ class Reorder:
     ``upper_first``: a free slot takes the W of the second chunk's oldest B before the first
     chunk's (that chunk's B is on the critical path down the V; otherwise oldest B first).
     ``whole_until_w``: moves are checked counting each activation as held until its W, as if B
-    freed nothing (the paper's count; stricter than DESIGN.md's when weight_activation <
+    freed nothing (the paper's count; stricter than docs/design.md "Memory holds" if weight_activation <
     activation). ``warmup_twice``: the second pass (B before W) reorders the warm-up again, not
     only the cool-down. ``squeeze``: after each pass the slots are squeezed (every op moved to
     the earliest slot its device and what it needs allow, in the same order, W included) before

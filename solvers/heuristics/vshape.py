@@ -29,8 +29,8 @@ Measured idle times are for 3 <= p <= 16, m >= 2p, F = B = W, p2p = 0 and weight
 activation/2 (tests/test_heuristics_v.py checks p up to 8); they do not grow with m.
 
 The peaks above are exact when B frees nothing until W (weight_activation = activation, how the
-reference code counts); when B frees part of it (DESIGN.md) V-Min can hold one chunk activation
-less (7 instead of 8 at p = 8) and the others hold the same.
+reference code counts); when B frees part of it (docs/design.md, "Memory holds") V-Min can hold
+one chunk activation less (7 instead of 8 at p = 8) and the others hold the same.
 
 All of the above is for F = B = W and p2p = 0, where the block schedule is returned as it is. At
 other costs the generator also tries cost-aware orders under the block schedule's peak memory
