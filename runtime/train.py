@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         # Everything about the plan and the model is checked here, before joining the process group.
         problem = None
         if args.problem:
-            from optpipe.core.problem import load_problem
+            from optpipe.core.problem_file import load_problem
 
             problem = load_problem(args.problem)
         if args.plan:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optpipe.cli.commands.common import default_problem
+from optpipe.core.problem_file import default_problem
 
 
 def add_parser(sub) -> None:

@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from optpipe.plan.bytecode import read_plan
     from optpipe.plan.disasm import disassemble
-    from optpipe.core.problem import load_problem
+    from optpipe.core.problem_file import load_problem
 
     program = read_plan(args.plan)
     problem = load_problem(args.problem) if args.problem else None

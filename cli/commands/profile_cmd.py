@@ -11,7 +11,8 @@ from rich.table import Table
 
 from optpipe.core.errors import OptpipeError
 from optpipe.core.files import write_atomic
-from optpipe.core.problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, Placement, dumps_problem
+from optpipe.core.problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, Placement
+from optpipe.core.problem_file import dumps_problem
 from optpipe.core.units import format_bandwidth, format_size
 from optpipe.cli.commands.common import console, float_in, int_in, markup_safe, output_path, size_option
 

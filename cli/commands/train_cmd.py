@@ -29,6 +29,6 @@ def _world_size(args) -> int:
         from optpipe.plan.bytecode import read_plan
 
         return read_plan(args.plan).header.world_size
-    from optpipe.core.problem import load_problem
+    from optpipe.core.problem_file import load_problem
 
     return load_problem(args.problem).devices

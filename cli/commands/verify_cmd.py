@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from optpipe.plan.bytecode import read_plan
-    from optpipe.core.problem import load_problem
+    from optpipe.core.problem_file import load_problem
     from optpipe.plan.verify import predict, verify
 
     program = read_plan(args.plan)
