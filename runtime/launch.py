@@ -45,6 +45,7 @@ class LocalRunFailed(PipelineAborted):
 
 def _worker(rank: int, world_size: int, init_file: str, pg_timeout: float, threads: int,
             target: Callable, args: tuple, results) -> None:
+    # torch loads in the rank process only: importing launch stays cheap for the parent that spawns it.
     import torch
     import torch.distributed as dist
 

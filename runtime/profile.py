@@ -18,10 +18,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from optpipe.core.errors import OptpipeError
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
+from .launch import run_local
 from .model import GPTConfig, SyntheticBatches, build_model, loss_fn, split_stages
 from .workload import Workload, WorkloadRequest, load_workload
 from .split_backward import StageGrad, touch_saved_tensors
@@ -157,8 +159,6 @@ def _first_microbatch(workload: Workload, microbatches: int) -> tuple[torch.Tens
 
 
 def _ping_pong(rank: int, world_size: int, shape: tuple[int, ...], dtype: torch.dtype, rounds: int) -> float:
-    import torch.distributed as dist
-
     tensor = torch.zeros(shape, dtype=dtype)
     peer = 1 - rank
     samples = []
@@ -178,8 +178,6 @@ def _ping_pong(rank: int, world_size: int, shape: tuple[int, ...], dtype: torch.
 
 def measure_p2p(shape: tuple[int, ...], dtype: torch.dtype, rounds: int = 20) -> float:
     """Milliseconds for one activation between two local gloo processes (half a round trip)."""
-    from .launch import run_local
-
     times = run_local(2, _ping_pong, (shape, dtype, rounds), timeout=120.0)
     return times[0]
 
