@@ -8,7 +8,8 @@ broken module so that it is seen to fail:
 - no cycle among module-level imports;
 - an import inside a function is there for start-up time only: it says why in a comment (on its
   line or just above), and what it defers loads torch, OR-Tools, PuLP or highspy;
-- torch is loaded only by the runtime: no module elsewhere reaches it through module-level imports.
+- torch is loaded only by the runtime: no module elsewhere reaches it through module-level imports;
+- commands do not import each other: what two commands share lives in a module of its own.
 """
 
 from __future__ import annotations
@@ -203,6 +204,15 @@ def torch_outside_runtime(imports: list[Import], known: set[str]) -> list[str]:
     return bad
 
 
+def command_to_command(imports: list[Import]) -> list[str]:
+    """Imports of one ``cli/commands/*_cmd`` module by another."""
+    def command(module: str) -> bool:
+        return module.startswith("optpipe.cli.commands.") and module.endswith("_cmd")
+
+    return [f"{imp.source} -> {imp.target} ({imp.where})" for imp in imports
+            if command(imp.source) and command(imp.target)]
+
+
 # --------------------------------------------------------------------------- the tree
 
 
@@ -233,6 +243,10 @@ def test_function_level_imports_are_for_start_up_time_and_say_so():
 def test_only_the_runtime_loads_torch():
     assert torch_outside_runtime(IMPORTS, KNOWN) == []
     assert "torch" in loads(IMPORTS, KNOWN)["optpipe.runtime.train"]  # the closure does reach torch
+
+
+def test_commands_do_not_import_each_other():
+    assert command_to_command(IMPORTS) == []
 
 
 # --------------------------------------------------------------------------- the checks can fail
@@ -288,3 +302,10 @@ def test_torch_outside_the_runtime_is_found_directly_and_through_imports():
         "optpipe.cli.eager loads torch at import time",
         "optpipe.plan.p:2: imports torch outside the runtime",
     ]
+
+
+def test_a_command_importing_another_is_named():
+    imports, _ = _fake(cli__commands__demo_cmd="def run():\n    from .compile_cmd import compile_live  # why\n",
+                       cli__commands__compile_cmd="from optpipe.cli.views import print_result\n")
+    assert command_to_command(imports) == [
+        "optpipe.cli.commands.demo_cmd -> optpipe.cli.commands.compile_cmd (optpipe.cli.commands.demo_cmd:2)"]
