@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optpipe.core.errors import InfeasibleError
-from optpipe.core.problem import load_problem
+from optpipe.core.problem_file import load_problem
 from optpipe.core.units import format_size
 from optpipe.solvers.compare import compare
 from optpipe.solvers.compile import compile_problem

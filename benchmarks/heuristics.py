@@ -9,9 +9,9 @@ import json
 
 from rich.table import Table
 
-from optpipe.cli.commands.compare_cmd import print_comparison
+from optpipe.cli.views import print_comparison
 from optpipe.core.errors import NotApplicable
-from optpipe.core.problem import load_problem, problem_from_dict
+from optpipe.core.problem_file import load_problem, problem_from_dict
 from optpipe.core.simulate import simulate
 from optpipe.core.units import format_size
 from optpipe.solvers.compare import compare

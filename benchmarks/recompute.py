@@ -15,7 +15,8 @@ from dataclasses import replace
 from rich.table import Table
 
 from optpipe.core.errors import InfeasibleError
-from optpipe.core.problem import Recompute, load_problem
+from optpipe.core.problem import Recompute
+from optpipe.core.problem_file import load_problem
 from optpipe.solvers.compile import compile_problem
 
 from ._common import PROBLEMS, console, save

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from rich.table import Table
 
-from optpipe.core.problem import load_problem
+from optpipe.core.problem_file import load_problem
 from optpipe.core.simulate import simulate
 from optpipe.core.units import format_size
 from optpipe.solvers.compile import compile_problem

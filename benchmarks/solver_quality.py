@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from optpipe.core.errors import InfeasibleError
-from optpipe.core.problem import Problem, load_problem
+from optpipe.core.problem import Problem
+from optpipe.core.problem_file import load_problem
 from optpipe.solvers.compare import compare
 from optpipe.solvers.compile import compile_problem
 

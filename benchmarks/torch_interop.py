@@ -24,7 +24,8 @@ from rich.table import Table
 
 from optpipe.core.errors import NotApplicable, OptpipeError
 from optpipe.plan.lower import lower
-from optpipe.core.problem import Placement, Problem, load_problem
+from optpipe.core.problem import Placement, Problem
+from optpipe.core.problem_file import load_problem
 from optpipe.core.simulate import simulate
 from optpipe.plan.torch_csv import schedule_from_torch_csv
 from optpipe.core.units import format_size

@@ -6,7 +6,8 @@ nothing here imports torch, so compiling and checking plans stays fast.
 """
 
 from optpipe.core.errors import InfeasibleError, NotApplicable, OptpipeError, PlanError, ProblemError, ScheduleError, SolverError
-from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, dump_problem, load_problem, loads_problem
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.problem_file import dump_problem, load_problem, loads_problem
 from optpipe.core.schedule import Op, OpKind, Schedule, dump_schedule, load_schedule
 from optpipe.core.simulate import OpTiming, Timeline, simulate
 

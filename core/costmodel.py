@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 
 from optpipe.core.errors import ProblemError, shown
-from optpipe.core.problem import MAX_MILLISECONDS, Costs, Memory, Pipeline, check_keys
+from optpipe.core.problem import MAX_MILLISECONDS, Costs, Memory, Pipeline
+from optpipe.core.tables import check_keys
 from optpipe.core.units import MAX_SIZE, format_size, parse_bandwidth, parse_size
 
 __all__ = ["ModelSpec", "HardwareSpec", "HARDWARE_PRESETS", "derive", "layers_per_stage", "stage_figures"]

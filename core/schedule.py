@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from optpipe.core.errors import ScheduleError
-from optpipe.core.files import read_text
+from optpipe.core.files import read_text, write_atomic
 
 __all__ = [
     "OpKind",
@@ -211,6 +211,4 @@ def _short_json(value: object) -> str:
 
 
 def dump_schedule(schedule: Schedule, path: str | Path) -> None:
-    from optpipe.core.files import write_atomic
-
     write_atomic(path, json.dumps(schedule.to_json(), indent=1) + "\n", "schedule file")

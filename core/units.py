@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+from optpipe.core.errors import ProblemError
 from optpipe.core.errors import shown as _shown
 
 __all__ = ["MAX_SIZE", "parse_size", "parse_bandwidth", "format_size", "format_bandwidth"]
@@ -42,8 +43,6 @@ def _split(text: str) -> tuple[float, str] | None:
 
 def parse_size(value: object, key: str) -> int:
     """Bytes from an int or a string such as "1.5GiB", "512MiB", "24GB"; errors name ``key``."""
-    from optpipe.core.errors import ProblemError
-
     if isinstance(value, bool):
         raise ProblemError(f'{key}: expected a size like "9GiB" or a number of bytes, got {_shown(value)}')
     if isinstance(value, int):
@@ -74,8 +73,6 @@ def parse_size(value: object, key: str) -> int:
 
 def parse_bandwidth(value: object, key: str) -> float:
     """Bytes per second from a string such as "24GB/s" or "12GiB/s", or a number of bytes/s."""
-    from optpipe.core.errors import ProblemError
-
     expected = f'{key}: expected a bandwidth like "24GB/s" (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB per second)'
     if isinstance(value, str):
         text = value.strip()

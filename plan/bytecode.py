@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 
 from optpipe.core.errors import PlanError
-from optpipe.core.files import read_bytes
+from optpipe.core.files import read_bytes, write_atomic
 from optpipe.plan.program import SINCE_VERSION, Instruction, Opcode, PlanHeader, Program
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "version_of", "INSTRUCTION_SIZE", "encode", "decode", "write_plan", "read_plan"]
@@ -235,8 +235,6 @@ def _range(offset: int, what: str, value: int, low: int, high: int) -> None:
 
 def write_plan(path: str | Path, program: Program) -> None:
     """Encode, then replace ``path`` atomically: readers see the old plan or the new one, never a torn one."""
-    from optpipe.core.files import write_atomic
-
     write_atomic(path, encode(program), "plan file")
 
 

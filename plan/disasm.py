@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from optpipe.plan.bytecode import version_of
+from optpipe.plan.lower import problem_hash
 from optpipe.core.errors import PlanError, printable
 from optpipe.core.problem import Problem
 from optpipe.plan.program import (NEIGHBOUR, NO_PEER, SENDS, Exchange, Instruction, Neighbour, Opcode, PlanHeader,
@@ -99,8 +100,6 @@ def _summary(program: Program, problem: Problem | None) -> list[str]:
     total = sum(len(stream) for stream in program.ranks)
     digest = h.problem_hash.hex()
     if problem is not None:
-        from optpipe.plan.lower import problem_hash
-
         same = problem_hash(problem) == h.problem_hash
         digest += f"  (matches {printable(repr(problem.name))})" if same else "  (DIFFERS from the given problem)"
     return [

@@ -34,7 +34,8 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 
-from optpipe.core.problem import Problem, dumps_problem
+from optpipe.core.problem import Problem
+from optpipe.core.problem_file import dumps_problem
 from optpipe.plan.program import KIND_OF, OPCODE_OF, Instruction, Opcode, PlanHeader, Program
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS

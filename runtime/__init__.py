@@ -6,10 +6,12 @@ The public API (see README, "Use it in your training job"):
   targets)`` runs a training step, gradients land in ``.grad``; ``switch_plan`` changes plans;
 - ``clip_grad_norm_``: gradient clipping by the norm over every rank's parameters;
 - ``OnlineImprover``: measure op times, re-solve in the background, switch to a faster plan;
-- ``Workload``, ``WorkloadRequest``: what a ``--model package.module:factory`` returns and gets.
+- ``Workload``, ``WorkloadRequest``: what a ``--model package.module:factory`` returns and gets;
+- ``select_device``: the device for ``--device auto|cpu|cuda`` and a local rank, as ``optpipe train`` picks it.
 
 The modules behind it:
 
+- ``device``: ``select_device`` and the ``--dtype`` names, one rule for every entry point;
 - ``model``: a small GPT (nanoGPT's shape), its split into stages, synthetic data, and the
   built-in factories ``tiny`` and ``small``;
 - ``split_backward``: B (input gradients) and W (weight gradients) for any stage module;
@@ -28,10 +30,12 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["PipelineRank", "clip_grad_norm_", "stages_of", "OnlineImprover", "Workload", "WorkloadRequest"]
+__all__ = ["PipelineRank", "clip_grad_norm_", "stages_of", "OnlineImprover", "Workload", "WorkloadRequest",
+           "select_device"]
 
 _WHERE = {"PipelineRank": "pipeline", "clip_grad_norm_": "pipeline", "stages_of": "pipeline",
-          "OnlineImprover": "improve", "Workload": "workload", "WorkloadRequest": "workload"}
+          "OnlineImprover": "improve", "Workload": "workload", "WorkloadRequest": "workload",
+          "select_device": "device"}
 
 
 def __getattr__(name: str):

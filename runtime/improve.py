@@ -35,10 +35,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from optpipe.core.errors import OptpipeError
+from optpipe.core.errors import InfeasibleError, OptpipeError
 from optpipe.plan.lower import lower
 from optpipe.core.problem import Costs, Memory, Problem
 from optpipe.plan.program import TRACE_KIND, Program
+from optpipe.solvers.compare import best_fitting, compare
 
 from .comm import collective, first_line
 from .pipeline import PipelineRank
@@ -68,9 +69,6 @@ class Switch:
 
 def starting_plan(problem: Problem) -> Program:
     """The best fitting heuristic of ``problem``, lowered: where online improvement starts."""
-    from optpipe.core.errors import InfeasibleError
-    from optpipe.solvers.compare import best_fitting, compare
-
     entry = best_fitting(compare(problem))
     if entry is None:
         raise InfeasibleError(f"no heuristic schedule fits the budget of {problem.name}; compile a plan with "

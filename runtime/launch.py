@@ -45,6 +45,7 @@ class LocalRunFailed(PipelineAborted):
 
 def _worker(rank: int, world_size: int, init_file: str, pg_timeout: float, threads: int,
             target: Callable, args: tuple, results) -> None:
+    # torch loads in the rank process only: importing launch stays cheap for the parent that spawns it.
     import torch
     import torch.distributed as dist
 
@@ -76,46 +77,14 @@ def run_local(world_size: int, target: Callable, args: tuple = (), *, timeout: f
     """
     context = mp.get_context("spawn")
     results = context.Queue()
-    env_before = os.environ.get("GLOO_SOCKET_IFNAME")
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # local ranks talk over loopback
     with tempfile.TemporaryDirectory(prefix="optpipe-run-") as scratch:
         init_file = os.path.join(scratch, "store")
         processes = [context.Process(target=_worker, name=f"optpipe-rank{r}",
                                      args=(r, world_size, init_file, pg_timeout, threads, target, args, results))
                      for r in range(world_size)]
         start = time.monotonic()
-        try:
-            for p in processes:
-                p.start()
-        finally:
-            if env_before is None:
-                os.environ.pop("GLOO_SOCKET_IFNAME", None)
-            else:
-                os.environ["GLOO_SOCKET_IFNAME"] = env_before
-        outcomes: dict[int, RankOutcome] = {}
-        first_failure: float | None = None
-        while len(outcomes) < world_size:
-            now = time.monotonic()
-            deadline = start + timeout
-            if first_failure is not None:
-                deadline = min(deadline, first_failure + grace)
-            if now >= deadline:
-                break
-            try:
-                rank, ok, value, message, kind = results.get(timeout=min(0.2, deadline - now))
-            except queue_module.Empty:
-                for r, p in enumerate(processes):  # a rank that died without reporting (killed, crashed)
-                    if r not in outcomes and not p.is_alive() and p.exitcode not in (0, None):
-                        outcomes[r] = RankOutcome(r, False, None, f"exited with code {p.exitcode} without a report",
-                                                  "died", time.monotonic() - start)
-                        first_failure = first_failure or time.monotonic()
-                continue
-            elapsed = time.monotonic() - start
-            if ok:
-                outcomes[rank] = RankOutcome(rank, True, value, seconds=elapsed)
-            else:
-                outcomes[rank] = RankOutcome(rank, False, None, f"{message}\n{value}", kind, elapsed)
-                first_failure = first_failure or time.monotonic()
+        _start_on_loopback(processes)
+        outcomes = _collect(results, processes, start, timeout, grace)
         for r, p in enumerate(processes):
             if r not in outcomes:
                 p.kill()
@@ -130,3 +99,46 @@ def run_local(world_size: int, target: Callable, args: tuple = (), *, timeout: f
     lines = [f"rank {o.rank}: " + ("ok" if o.ok else f"{o.kind}: {o.error.splitlines()[0]}") + f" ({o.seconds:.1f} s)"
              for o in ordered]
     raise LocalRunFailed("a local pipeline run failed:\n  " + "\n  ".join(lines), ordered)
+
+
+def _start_on_loopback(processes: list) -> None:
+    """Start the ranks with gloo on loopback (they inherit the environment), then restore it."""
+    env_before = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # local ranks talk over loopback
+    try:
+        for p in processes:
+            p.start()
+    finally:
+        if env_before is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = env_before
+
+
+def _collect(results, processes: list, start: float, timeout: float, grace: float) -> dict[int, RankOutcome]:
+    """Every rank's report, until all are in, ``timeout`` runs out, or ``grace`` has passed since one failed."""
+    outcomes: dict[int, RankOutcome] = {}
+    first_failure: float | None = None
+    while len(outcomes) < len(processes):
+        now = time.monotonic()
+        deadline = start + timeout
+        if first_failure is not None:
+            deadline = min(deadline, first_failure + grace)
+        if now >= deadline:
+            break
+        try:
+            rank, ok, value, message, kind = results.get(timeout=min(0.2, deadline - now))
+        except queue_module.Empty:
+            for r, p in enumerate(processes):  # a rank that died without reporting (killed, crashed)
+                if r not in outcomes and not p.is_alive() and p.exitcode not in (0, None):
+                    outcomes[r] = RankOutcome(r, False, None, f"exited with code {p.exitcode} without a report",
+                                              "died", time.monotonic() - start)
+                    first_failure = first_failure or time.monotonic()
+            continue
+        elapsed = time.monotonic() - start
+        if ok:
+            outcomes[rank] = RankOutcome(rank, True, value, seconds=elapsed)
+        else:
+            outcomes[rank] = RankOutcome(rank, False, None, f"{message}\n{value}", kind, elapsed)
+            first_failure = first_failure or time.monotonic()
+    return outcomes

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 from optpipe.core.errors import OptpipeError
 
+from .workload import Workload
+
 __all__ = [
     "GPTConfig",
     "CONFIGS",
@@ -284,8 +286,6 @@ class SyntheticBatches:
 
 
 def _gpt_workload(name: str, request):
-    from .workload import Workload
-
     overrides = {"micro_batch_size": request.micro_batch_size} if request.micro_batch_size else {}
     config = config_named(name, **overrides)
     stages = split_stages(build_model(config, request.seed), request.stages)

@@ -18,10 +18,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from optpipe.core.errors import OptpipeError
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
+from .launch import run_local
 from .model import GPTConfig, SyntheticBatches, build_model, loss_fn, split_stages
 from .workload import Workload, WorkloadRequest, load_workload
 from .split_backward import StageGrad, touch_saved_tensors
@@ -62,67 +64,101 @@ def profile_stages(model: GPTConfig | str | Workload, stages: int, *, device: to
     parts = [m.to(device) for m in workload.stages]
     tokens, targets = _first_microbatch(workload, microbatches)
     tokens, targets = tokens.to(device), targets.to(device)
-    loss_fn = workload.loss_fn
     weights = module_tensors(parts)
     result = []
     x_next: torch.Tensor = tokens
     for s, stage in enumerate(parts):
-        runner = StageGrad(stage)
-        store = ActivationStore(device, exclude=weights)
-        last = s == stages - 1
-        times: dict[str, list[float]] = {"F": [], "B": [], "W": []}
-        sizes = None
-        x_in = x_next
-        y_shape, y_dtype = None, None
-        keep: frozenset[int] | None = None
-        for trial in range(warmup + repeats):
-            # Fresh copies, as the interpreter makes: the store may empty what the forward saved.
-            x = x_in.detach().clone().requires_grad_() if x_in.is_floating_point() else x_in.clone()
-            _sync(device)
-            t0 = time.perf_counter()
-            with store.capture(s, trial):
-                fwd = runner.forward(x)
-                out = loss_fn(fwd.output, targets.clone()) if last else fwd.output
-            _sync(device)
-            t1 = time.perf_counter()
-            saved = store.entry_bytes(s, trial)
-            grad = torch.ones((), device=device) if last else torch.randn_like(out)
-            _sync(device)
-            t2 = time.perf_counter()
-            _, work = runner.backward_input(fwd, [out], [grad])
-            _sync(device)
-            t3 = time.perf_counter()
-            if work.keeps_everything:
-                keep = frozenset(range(store.saved_count(s, trial)))
-            elif keep is None:
-                with store.census() as seen:
-                    touch_saved_tensors(work.nodes())
-                keep = frozenset(seen)
-            released = store.forget(s, trial, keep)
-            _sync(device)
-            t4 = time.perf_counter()
-            StageGrad.backward_weight(work)
-            _sync(device)
-            t5 = time.perf_counter()
-            store.drop(s, trial)
-            if trial >= warmup:
-                times["F"].append((t1 - t0) * 1e3)
-                times["B"].append((t3 - t2) * 1e3)
-                times["W"].append((t5 - t4) * 1e3)
-            current = (saved, saved - released)
-            if sizes is not None and sizes != current:
-                raise OptpipeError(f"stage {s}: the saved activation changed between microbatches "
-                                   f"({sizes} then {current} bytes); the profiler needs a deterministic model")
-            sizes = current
-            y_shape, y_dtype = tuple(fwd.output.shape), fwd.output.dtype
-            if trial == 0 and not last:
-                x_next = fwd.output.detach()
-            del fwd, work, out
+        runner = _StageRunner(s, StageGrad(stage), ActivationStore(device, exclude=weights), workload.loss_fn,
+                              targets, s == stages - 1, device)
+        profile, x_next = _profile_stage(runner, x_next, warmup, repeats)
         for p in stage.parameters():
             p.grad = None
-        result.append(StageProfile(statistics.median(times["F"]), statistics.median(times["B"]),
-                                   statistics.median(times["W"]), sizes[0], sizes[1], y_shape, y_dtype))
+        result.append(profile)
     return result
+
+
+@dataclass(frozen=True)
+class _StageRunner:
+    """What one stage's trials share: its F/B/W runner, a store of what F saves, the loss on the last stage."""
+
+    stage: int
+    grad: StageGrad
+    store: ActivationStore
+    loss_fn: object
+    targets: torch.Tensor
+    last: bool
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class _Trial:
+    ms: tuple[float, float, float]  # F, B, W
+    sizes: tuple[int, int]  # bytes F saved, bytes still held for W after B
+    keep: frozenset[int]  # which saved tensors W needs
+    shape: tuple[int, ...]  # F's output
+    dtype: torch.dtype
+    output: torch.Tensor | None  # F's output, detached, when asked for: the next stage's input
+
+
+def _profile_stage(runner: _StageRunner, x_in: torch.Tensor, warmup: int, repeats: int
+                   ) -> tuple[StageProfile, torch.Tensor]:
+    """Median F, B, W over ``repeats`` trials after ``warmup``; and the next stage's input."""
+    times: dict[str, list[float]] = {"F": [], "B": [], "W": []}
+    sizes = None
+    x_next = x_in
+    keep: frozenset[int] | None = None
+    for trial in range(warmup + repeats):
+        done = _trial(runner, trial, x_in, keep, want_output=trial == 0 and not runner.last)
+        keep = done.keep
+        if trial >= warmup:
+            for kind, ms in zip("FBW", done.ms):
+                times[kind].append(ms)
+        if sizes is not None and sizes != done.sizes:
+            raise OptpipeError(f"stage {runner.stage}: the saved activation changed between microbatches "
+                               f"({sizes} then {done.sizes} bytes); the profiler needs a deterministic model")
+        sizes = done.sizes
+        if done.output is not None:
+            x_next = done.output
+    profile = StageProfile(statistics.median(times["F"]), statistics.median(times["B"]),
+                           statistics.median(times["W"]), sizes[0], sizes[1], done.shape, done.dtype)
+    return profile, x_next
+
+
+def _trial(runner: _StageRunner, trial: int, x_in: torch.Tensor, keep: frozenset[int] | None,
+           want_output: bool) -> _Trial:
+    """One timed F, B, W of the stage on a fresh copy of its input, as the interpreter runs them."""
+    s, store, device = runner.stage, runner.store, runner.device
+    # Fresh copies, as the interpreter makes: the store may empty what the forward saved.
+    x = x_in.detach().clone().requires_grad_() if x_in.is_floating_point() else x_in.clone()
+    _sync(device)
+    t0 = time.perf_counter()
+    with store.capture(s, trial):
+        fwd = runner.grad.forward(x)
+        out = runner.loss_fn(fwd.output, runner.targets.clone()) if runner.last else fwd.output
+    _sync(device)
+    t1 = time.perf_counter()
+    saved = store.entry_bytes(s, trial)
+    grad = torch.ones((), device=device) if runner.last else torch.randn_like(out)
+    _sync(device)
+    t2 = time.perf_counter()
+    _, work = runner.grad.backward_input(fwd, [out], [grad])
+    _sync(device)
+    t3 = time.perf_counter()
+    if work.keeps_everything:
+        keep = frozenset(range(store.saved_count(s, trial)))
+    elif keep is None:
+        with store.census() as seen:
+            touch_saved_tensors(work.nodes())
+        keep = frozenset(seen)
+    released = store.forget(s, trial, keep)
+    _sync(device)
+    t4 = time.perf_counter()
+    StageGrad.backward_weight(work)
+    _sync(device)
+    t5 = time.perf_counter()
+    store.drop(s, trial)
+    return _Trial(((t1 - t0) * 1e3, (t3 - t2) * 1e3, (t5 - t4) * 1e3), (saved, saved - released), keep,
+                  tuple(fwd.output.shape), fwd.output.dtype, fwd.output.detach() if want_output else None)
 
 
 def _workload(model, stages: int, microbatches: int, seed: int, micro_batch_size: int | None,
@@ -157,8 +193,6 @@ def _first_microbatch(workload: Workload, microbatches: int) -> tuple[torch.Tens
 
 
 def _ping_pong(rank: int, world_size: int, shape: tuple[int, ...], dtype: torch.dtype, rounds: int) -> float:
-    import torch.distributed as dist
-
     tensor = torch.zeros(shape, dtype=dtype)
     peer = 1 - rank
     samples = []
@@ -178,8 +212,6 @@ def _ping_pong(rank: int, world_size: int, shape: tuple[int, ...], dtype: torch.
 
 def measure_p2p(shape: tuple[int, ...], dtype: torch.dtype, rounds: int = 20) -> float:
     """Milliseconds for one activation between two local gloo processes (half a round trip)."""
-    from .launch import run_local
-
     times = run_local(2, _ping_pong, (shape, dtype, rounds), timeout=120.0)
     return times[0]
 

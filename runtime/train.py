@@ -24,10 +24,12 @@ re-solves in the background and switches every rank to a faster plan (``improve.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import threading
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -35,21 +37,27 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from optpipe.plan.bytecode import read_plan
 from optpipe.core.errors import OptpipeError
+from optpipe.core.problem import Problem
+from optpipe.core.problem_file import load_problem
+from optpipe.plan.bytecode import read_plan
 from optpipe.plan.program import Program
+from optpipe.plan.verify import check_against_problem
 
 from .comm import collective, first_line
+from .device import DTYPES, select_device, wants_cuda
 from .errors import PipelineAborted
+from .improve import OnlineImprover, starting_plan
 from .interpreter import InstructionRecord, StepResult, check_plan
 from .options import LineParser, add_train_arguments, check
 from .pipeline import PipelineRank
+from .trace import run_trace
 from .workload import Workload, WorkloadRequest, batch_stream, load_workload
 
 __all__ = ["TrainOptions", "RankReport", "train_rank", "main", "DTYPES"]
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -90,18 +98,6 @@ class RankReport:
     program: Program | None = None  # the plan of the last step (online improvement may have changed it)
 
 
-def _device(choice: str, local_rank: int) -> torch.device:
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise OptpipeError("--device cuda: this machine has no CUDA device; use --device cpu")
-        index = local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    if choice not in ("auto", "cpu"):
-        raise OptpipeError(f"--device: expected auto, cpu or cuda, got {choice!r}")
-    return torch.device("cpu")
-
-
 def make_workload(program: Program, options: TrainOptions) -> Workload:
     header = program.header
     return load_workload(options.model, WorkloadRequest(header.stages, header.microbatches, options.seed,
@@ -115,10 +111,27 @@ def train_rank(rank: int, world_size: int, program: Program, options: TrainOptio
     """Train on this rank of an initialised process group (or alone when ``world_size`` is 1)."""
     if options.dtype not in DTYPES:
         raise OptpipeError(f"--dtype: expected one of {', '.join(DTYPES)}, got {options.dtype!r}")
-    device = _device(options.device, rank if local_rank is None else local_rank)
+    device = select_device(options.device, rank if local_rank is None else local_rank)
     workload = workload or make_workload(program, options)
     mine = program.header.stages_on(rank)
-    modules = {s: workload.stages[s] for s in mine}
+    pipe, names = _rank_pipeline(rank, program, options, workload, device)
+    improver = _improver(options, problem, log)
+    params = list(pipe.parameters())
+    try:
+        steps = _train_steps(pipe, options, params, batch_stream(workload.batches), names, improver, on_step)
+    finally:
+        if improver is not None:
+            improver.close()
+    result = pipe.last
+    return RankReport(rank, mine, steps.losses, steps.seconds, steps.peaks, pipe.activation_bytes,
+                      result.records if result is not None else (), result.started_ns if result else 0,
+                      steps.gradients, steps.plans, pipe.program)
+
+
+def _rank_pipeline(rank: int, program: Program, options: TrainOptions, workload: Workload,
+                   device: torch.device) -> tuple[PipelineRank, dict[int, str]]:
+    """This rank's stages of the workload, in ``--dtype``, as a PipelineRank; the rest are dropped."""
+    modules = {s: workload.stages[s] for s in program.header.stages_on(rank)}
     if options.dtype != "float32":
         modules = {s: m.to(dtype=DTYPES[options.dtype]) for s, m in modules.items()}
     names = _parameter_names(modules, workload)
@@ -126,51 +139,60 @@ def train_rank(rank: int, world_size: int, program: Program, options: TrainOptio
     pipe = PipelineRank(program, modules, workload.loss_fn, device=device, timeout=options.timeout_s)
     if pipe.rank != rank:
         raise OptpipeError(f"train_rank was told rank {rank} but the process group says {pipe.rank}")
-    improver = None
-    if options.improve:
-        if problem is None:
-            raise OptpipeError("--improve needs --problem: the problem the plan was compiled for")
-        from .improve import OnlineImprover
+    return pipe, names
 
-        improver = OnlineImprover(problem, measure_steps=options.improve_after,
-                                  time_limit_s=options.improve_time_limit, min_gain=options.improve_min_gain,
-                                  solver=options.improve_solver, wait=options.improve_wait, log=log)
-    params = list(pipe.parameters())
+
+def _improver(options: TrainOptions, problem, log) -> OnlineImprover | None:
+    if not options.improve:
+        return None
+    if problem is None:
+        raise OptpipeError("--improve needs --problem: the problem the plan was compiled for")
+    return OnlineImprover(problem, measure_steps=options.improve_after, time_limit_s=options.improve_time_limit,
+                          min_gain=options.improve_min_gain, solver=options.improve_solver,
+                          wait=options.improve_wait, log=log)
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """What the steps measured, per step (``gradients``: the last step's, when asked for)."""
+
+    losses: tuple[float | None, ...]
+    seconds: tuple[float, ...]
+    peaks: tuple[int, ...]
+    plans: tuple[str, ...]
+    gradients: dict[str, object]
+
+
+def _train_steps(pipe: PipelineRank, options: TrainOptions, params: list, batches, names: dict[int, str],
+                 improver: OnlineImprover | None, on_step) -> _Steps:
+    """The training loop: batch, (improve), step, (gradients), optimizer, report; ``options.steps`` times."""
     optimizer = _optimizer(options, params)
-    batches = batch_stream(workload.batches)
     losses, seconds, peaks, plans = [], [], [], []
     gradients: dict[str, object] = {}
-    try:
-        for step in range(options.steps):
-            inputs, targets = _next_batch(batches, step)
-            if improver is not None:
-                improver.before_step(pipe, step)
-            pipe.trace = pipe.trace or (options.trace and step == options.steps - 1)
-            plans.append(pipe.program.header.schedule_name)
-            for p in params:
-                p.grad = None
-            pipe.step(inputs, targets)
-            result = pipe.last
-            if options.gradients and step == options.steps - 1:
-                for p in params:
-                    gradients[names[id(p)]] = p.grad.detach().float().cpu().numpy().copy()
-            if optimizer is not None:
-                optimizer.step()
-            losses.append(result.loss)
-            seconds.append(result.seconds)
-            peaks.append(result.peak_activation_bytes)
-            if on_step is not None:
-                on_step(step, result)
-            if improver is not None:
-                improver.after_step(pipe, step)
-            pipe.trace = False
-    finally:
+    for step in range(options.steps):
+        inputs, targets = _next_batch(batches, step)
         if improver is not None:
-            improver.close()
-    result = pipe.last
-    return RankReport(rank, mine, tuple(losses), tuple(seconds), tuple(peaks), pipe.activation_bytes,
-                      result.records if result is not None else (), result.started_ns if result else 0, gradients,
-                      tuple(plans), pipe.program)
+            improver.before_step(pipe, step)
+        pipe.trace = pipe.trace or (options.trace and step == options.steps - 1)
+        plans.append(pipe.program.header.schedule_name)
+        for p in params:
+            p.grad = None
+        pipe.step(inputs, targets)
+        result = pipe.last
+        if options.gradients and step == options.steps - 1:
+            for p in params:
+                gradients[names[id(p)]] = p.grad.detach().float().cpu().numpy().copy()
+        if optimizer is not None:
+            optimizer.step()
+        losses.append(result.loss)
+        seconds.append(result.seconds)
+        peaks.append(result.peak_activation_bytes)
+        if on_step is not None:
+            on_step(step, result)
+        if improver is not None:
+            improver.after_step(pipe, step)
+        pipe.trace = False
+    return _Steps(tuple(losses), tuple(seconds), tuple(peaks), tuple(plans), gradients)
 
 
 def _parameter_names(modules: dict, workload: Workload) -> dict[int, str]:
@@ -233,59 +255,31 @@ def _say(rank: int | str, error: BaseException) -> None:
     print(f"rank {rank}: error: {message}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One rank's checked inputs: what main has before it joins the process group."""
+
+    args: argparse.Namespace
+    options: TrainOptions
+    problem: Problem | None
+    program: Program
+    workload: Workload
+    use_cuda: bool
+
+
 def main(argv: list[str] | None = None) -> int:
     rank: int | str = os.environ.get("RANK", "0")  # for the messages until it is known to be a number
     try:
         rank = _env_int("RANK", 0)
         world_size = _env_int("WORLD_SIZE", 1)
         local_rank = _env_int("LOCAL_RANK", rank)
-        args = _parser().parse_args(argv)
-        check(args)
-        options = TrainOptions(model=args.model, steps=args.steps, seed=args.seed, lr=args.lr,
-                               optimizer=args.optimizer, dtype=args.dtype, micro_batch_size=args.micro_batch_size,
-                               device=args.device, trace=bool(args.trace), timeout_s=args.timeout,
-                               improve=args.improve, improve_after=args.improve_after,
-                               improve_time_limit=args.improve_time_limit, improve_min_gain=args.improve_min_gain,
-                               improve_solver=args.improve_solver, improve_wait=args.improve_wait)
-        # Everything about the plan and the model is checked here, before joining the process group.
-        problem = None
-        if args.problem:
-            from optpipe.core.problem import load_problem
-
-            problem = load_problem(args.problem)
-        if args.plan:
-            program = read_plan(args.plan)
-        else:
-            from .improve import starting_plan
-
-            program = starting_plan(problem)
-        check_plan(program, rank, world_size, {s: None for s in program.header.stages_on(rank)})
-        if problem is not None:
-            from optpipe.plan.verify import check_against_problem
-
-            check_against_problem(program, problem)
-        workload = make_workload(program, options)
-        use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-        if use_cuda and not torch.cuda.is_available():
-            raise OptpipeError("--device cuda: this machine has no CUDA device; use --device cpu")
+        job = _prepare(_parser().parse_args(argv), rank, world_size)
     except OptpipeError as error:
         _say(rank, error)
         return error.exit_code
 
     try:
-        if world_size > 1:
-            if use_cuda:
-                torch.cuda.set_device(local_rank % torch.cuda.device_count())
-            _join("nccl" if use_cuda else "gloo", rank, args.timeout)
-        if rank == 0 and not args.plan:
-            print(f"improve: starting on {program.header.schedule_name}, the best fitting heuristic of "
-                  f"{problem.name}", flush=True)
-        report = _run(rank, world_size, local_rank, program, options, use_cuda, workload, problem)
-        if args.trace:
-            _write_trace(args.trace, rank, world_size, report.program or program, report, problem)
-        if world_size > 1:
-            collective("the final barrier", dist.barrier)
-            dist.destroy_process_group()  # a clean teardown: no gloo thread left for exit to trip on
+        _execute(job, rank, world_size, local_rank)
     except OptpipeError as error:
         _say(rank, error)
         return error.exit_code  # the caller leaves with os._exit: the peers see the connection drop
@@ -293,13 +287,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {rank}: interrupted", file=sys.stderr, flush=True)
         return 130
     except Exception as error:  # a bug in optpipe (or in the user's code outside a step): say so, then show it
-        import traceback
-
         print(f"rank {rank}: internal error: {type(error).__name__}: {first_line(error)} (the traceback "
               f"follows; if it is in optpipe, please report it)", file=sys.stderr, flush=True)
         traceback.print_exc()
         return 1
     return 0
+
+
+def _prepare(args: argparse.Namespace, rank: int, world_size: int) -> _Job:
+    """Everything about the options, the plan and the model, checked before joining the process group."""
+    check(args)
+    options = TrainOptions(model=args.model, steps=args.steps, seed=args.seed, lr=args.lr,
+                           optimizer=args.optimizer, dtype=args.dtype, micro_batch_size=args.micro_batch_size,
+                           device=args.device, trace=bool(args.trace), timeout_s=args.timeout,
+                           improve=args.improve, improve_after=args.improve_after,
+                           improve_time_limit=args.improve_time_limit, improve_min_gain=args.improve_min_gain,
+                           improve_solver=args.improve_solver, improve_wait=args.improve_wait)
+    problem = load_problem(args.problem) if args.problem else None
+    program = read_plan(args.plan) if args.plan else starting_plan(problem)
+    check_plan(program, rank, world_size, {s: None for s in program.header.stages_on(rank)})
+    if problem is not None:
+        check_against_problem(program, problem)
+    workload = make_workload(program, options)
+    return _Job(args, options, problem, program, workload, wants_cuda(args.device))
+
+
+def _execute(job: _Job, rank: int, world_size: int, local_rank: int) -> None:
+    """Join the job, train, write the trace, and leave the process group cleanly."""
+    args, program, problem = job.args, job.program, job.problem
+    if world_size > 1:
+        if job.use_cuda:
+            torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        _join("nccl" if job.use_cuda else "gloo", rank, args.timeout)
+    if rank == 0 and not args.plan:
+        print(f"improve: starting on {program.header.schedule_name}, the best fitting heuristic of "
+              f"{problem.name}", flush=True)
+    report = _run(rank, world_size, local_rank, program, job.options, job.use_cuda, job.workload, problem)
+    if args.trace:
+        _write_trace(args.trace, rank, world_size, report.program or program, report, problem)
+    if world_size > 1:
+        collective("the final barrier", dist.barrier)
+        dist.destroy_process_group()  # a clean teardown: no gloo thread left for exit to trip on
 
 
 def _join(backend: str, rank: int, timeout: float) -> None:
@@ -330,9 +358,6 @@ def _join(backend: str, rank: int, timeout: float) -> None:
 
 def _run(rank: int, world_size: int, local_rank: int, program: Program, options: TrainOptions,
          use_cuda: bool, workload: Workload, problem) -> RankReport:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     console = Console(stderr=True)
     progress = Progress(TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(),
@@ -360,8 +385,6 @@ def _run(rank: int, world_size: int, local_rank: int, program: Program, options:
 
 
 def _write_trace(path: str, rank: int, world_size: int, program: Program, report: RankReport, problem) -> None:
-    from .trace import run_trace
-
     reports = [report]
     if world_size > 1:
         gathered: list = [None] * world_size

@@ -86,7 +86,7 @@ def resolve_factory(spec: str) -> Callable[[WorkloadRequest], Workload]:
 
 def load_workload(spec: str, request: WorkloadRequest) -> Workload:
     """Call the factory named ``spec`` and check what it returns against the request."""
-    import torch.nn as nn
+    import torch.nn as nn  # only here: importing workload (as the CLI does) must not load torch
 
     factory = resolve_factory(spec)
     try:

@@ -31,6 +31,8 @@ from optpipe.core.units import format_size
 
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
 from .compare import Entry, best_fitting, compare
+from .milp import solve_milp
+from .registry import get_generator
 from .result import Progress, SolveResult, SolveStatus
 from .repair import repair_candidates
 from .warmstart import Candidate, best_candidate, warm_starts
@@ -173,8 +175,6 @@ def _check_solver(solver: str) -> None:
 def _heuristic(problem: Problem, solver: str, entries: list[Entry], baseline: Entry | None, bound: Bound,
                began: float) -> Compiled:
     name = solver.split(":", 1)[1]
-    from .registry import get_generator
-
     canonical = get_generator(name).name
     entry = next(e for e in entries if e.name == canonical)
     if entry.timeline is None:
@@ -198,19 +198,17 @@ def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: f
     hint = start.schedule if start is not None else None
     if solver == "cpsat":
         if exact_model_fits(problem) or start is None:
-            from .cpsat import solve_cpsat
+            from .cpsat import solve_cpsat  # lazy: loads OR-Tools, which compile without cpsat does not need
 
             return solve_cpsat(problem, time_limit_s=time_limit_s, hint=hint, seed=seed, workers=workers,
                                on_progress=on_progress)
-        from .lns import improve
+        from .lns import improve  # lazy: loads OR-Tools
 
         began = time.monotonic()
         search = improve(problem, start.schedule, time_limit_s=time_limit_s, seed=seed, workers=workers,
                          on_progress=on_progress, bound_ms=bound.value, restarts=_restarts(start, candidates))
         return SolveResult("cpsat", SolveStatus.FEASIBLE, search.schedule.renamed("cpsat"), search.timeline,
                            search.timeline.makespan, bound.value, time.monotonic() - began, 0.0)
-    from .milp import solve_milp
-
     backend = solver.split("-", 1)[1]
     return solve_milp(problem, backend=backend, time_limit_s=time_limit_s, hint=hint, seed=seed,
                       on_progress=on_progress)

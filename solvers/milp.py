@@ -36,6 +36,7 @@ from optpipe.core.schedule import TRANSFER_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS, At, Place, effects, instant
 from optpipe.core.simulate import Timeline, simulate
 
+from .compare import best_fitting, compare
 from .decode import schedule_from_starts
 from .result import Progress, SolveResult, SolveStatus
 
@@ -72,7 +73,8 @@ def solve_milp(problem: Problem, *, backend: str = "highs", time_limit_s: float 
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise SolverError(f"seed: expected a non-negative integer like 0, got {seed!r}")
     try:
-        from . import milp_model  # noqa: F401  (PuLP and highspy load here, not at import time)
+        # lazy: PuLP and highspy load here, when a MILP is solved, not when milp is imported
+        from . import milp_model  # noqa: F401
         from . import milp_backend  # noqa: F401
     except ImportError as error:
         raise SolverError(f"the MILP solver needs PuLP and highspy ({error}); install them with "
@@ -88,7 +90,7 @@ class _Search:
     """One call of solve_milp: the stages, the best schedule so far and the proven bound."""
 
     def __init__(self, problem, backend, deadline, seed, threads, split, began, on_progress, label=""):
-        from . import milp_model as mm
+        from . import milp_model as mm  # lazy: imports PuLP
 
         self.mm = mm
         self.problem = problem
@@ -148,7 +150,7 @@ class _Search:
 
     def rounds(self, hint: Schedule | None, hint_timeline: Timeline | None):
         """Stages 2 and 3: ("infeasible", None), ("found", (schedule, timeline, objective_ms)) or None."""
-        from .milp_backend import run_backend
+        from .milp_backend import run_backend  # lazy: imports PuLP
 
         problem, mm = self.problem, self.mm
         if self.left() < _MIN_SOLVE_S:
@@ -278,8 +280,6 @@ class _Search:
 
 def _default_hint(problem: Problem) -> Schedule | None:
     """The fastest registered heuristic that fits the budget, if any."""
-    from .compare import best_fitting, compare
-
     best = best_fitting([entry for entry in compare(problem) if entry.schedule is None or not entry.schedule.recomputed])
     return best.schedule if best is not None else None
 

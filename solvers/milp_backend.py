@@ -104,7 +104,7 @@ class _Highs(pulp.HiGHS):
 
     def callSolver(self, lp):
         if self.use_start:
-            import highspy
+            import highspy  # lazy: only a HiGHS run with a warm start needs it
 
             solution = highspy.HighsSolution()
             values = [0.0] * lp.solverModel.getNumCol()
@@ -117,7 +117,7 @@ class _Highs(pulp.HiGHS):
 
 
 def _run_highs(lp, time_limit_s, seed, threads, use_start, on_incumbent):
-    import highspy
+    import highspy  # lazy: only the HiGHS backend needs it, not CBC or an import of this module
 
     global _highs_threads
     if _highs_threads != threads:  # None: another part of the process may have started the pool

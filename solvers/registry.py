@@ -2,46 +2,23 @@
 
 A generator is a function ``Problem -> Schedule`` that raises ``NotApplicable`` (with the
 reason) when the problem is outside what its paper defines. Modules register themselves with
-``@register``; ``heuristics`` imports them all.
+``@register`` (``heuristics/_register.py``); importing ``heuristics`` imports them all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
-from optpipe.core.errors import NotApplicable, OptpipeError
+from optpipe.core.errors import OptpipeError
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Schedule
 
-__all__ = ["Generator", "register", "generators", "get_generator", "generate"]
+# Importing any module of ``heuristics`` runs the package first, which imports (and so registers) every family.
+from .heuristics._register import REGISTERED, Generator, register, require
 
-
-@dataclass(frozen=True)
-class Generator:
-    name: str
-    build: Callable[[Problem], Schedule]
-    source: str  # paper and section it follows
-    summary: str  # one line: what it promises
-
-
-_REGISTRY: dict[str, Generator] = {}
-
-
-def register(name: str, source: str, summary: str):
-    def wrap(build: Callable[[Problem], Schedule]) -> Callable[[Problem], Schedule]:
-        if name in _REGISTRY:
-            raise RuntimeError(f"schedule generator {name!r} registered twice")
-        _REGISTRY[name] = Generator(name, build, source, summary)
-        return build
-
-    return wrap
+__all__ = ["Generator", "register", "require", "generators", "get_generator", "generate"]
 
 
 def generators() -> tuple[Generator, ...]:
-    from . import heuristics  # noqa: F401  (registers every generator)
-
-    return tuple(_REGISTRY.values())
+    return tuple(REGISTERED.values())
 
 
 def get_generator(name: str) -> Generator:
@@ -57,8 +34,3 @@ def generate(name: str, problem: Problem) -> Schedule:
     generator = get_generator(name)
     schedule = generator.build(problem)
     return schedule if schedule.name == generator.name else schedule.renamed(generator.name)
-
-
-def require(condition: bool, reason: str) -> None:
-    if not condition:
-        raise NotApplicable(reason)

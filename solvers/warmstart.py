@@ -26,6 +26,7 @@ from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import Timeline, simulate
 
 from .compare import Entry
+from .offload_slots import add_hidden_offloads, add_offloads, offloadable
 from .wfill import fill_with_w
 
 __all__ = ["Candidate", "warm_starts", "one_at_a_time", "best_candidate"]
@@ -92,8 +93,6 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
 
 
 def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline) -> list[Candidate]:
-    from .offload_slots import add_hidden_offloads, add_offloads, offloadable
-
     pairs = offloadable(timeline)
     if not pairs:
         return []

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, load_problem
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.problem_file import load_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM_DIR = ROOT / "benchmarks" / "problems"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from optpipe.plan.bytecode import FORMAT_VERSION, INSTRUCTION_SIZE, MAGIC, decode, encode, read_plan, write_plan
 from optpipe.core.errors import PlanError
 from optpipe.plan.lower import lower
-from optpipe.core.problem import load_problem
+from optpipe.core.problem_file import load_problem
 from optpipe.plan.program import Instruction, Opcode, PlanHeader, Program
 from optpipe.solvers.registry import generate
 

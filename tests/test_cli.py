@@ -65,7 +65,7 @@ def test_compare_budget_override(capsys):
 
 
 def test_simulate_json_and_trace(tmp_path, capsys):
-    from optpipe.core.problem import load_problem
+    from optpipe.core.problem_file import load_problem
 
     problem = load_problem(BALANCED)
     path = tmp_path / "s.json"

@@ -8,7 +8,8 @@ import pytest
 
 from optpipe.cli.main import main
 from optpipe.core.errors import InfeasibleError
-from optpipe.core.problem import Offload, dump_problem
+from optpipe.core.problem import Offload
+from optpipe.core.problem_file import dump_problem
 from optpipe.core.schedule import load_schedule
 from optpipe.core.simulate import simulate
 from optpipe.solvers.compile import compile_problem
@@ -135,7 +136,7 @@ def test_schedule_and_plan_files(small, tmp_path, capsys):
     assert main(["compile", str(small), "--time-limit", "120", "--workers", "2", "--json",
                  "--schedule-out", str(schedule_path), "-o", str(plan_path)]) == 0
     out = _json(capsys)
-    from optpipe.core.problem import load_problem
+    from optpipe.core.problem_file import load_problem
 
     timeline = simulate(load_problem(small), load_schedule(schedule_path))
     assert timeline.makespan == pytest.approx(out["makespan_ms"])

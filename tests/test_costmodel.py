@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from optpipe.core.errors import ProblemError
-from optpipe.core.problem import loads_problem
+from optpipe.core.problem_file import loads_problem
 
 MODEL = """
 name = "gpt"
@@ -79,7 +79,7 @@ def test_costs_and_model_together_is_an_error():
 
 
 def test_builtin_default_problem_loads():
-    from optpipe.cli.commands.common import default_problem
+    from optpipe.core.problem_file import default_problem
 
     problem = default_problem()
     assert problem.devices == 8 and problem.offload.enabled

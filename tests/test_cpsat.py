@@ -9,7 +9,8 @@ from fractions import Fraction
 import pytest
 
 from optpipe.core.errors import SolverError
-from optpipe.core.problem import Offload, load_problem
+from optpipe.core.problem import Offload
+from optpipe.core.problem_file import load_problem
 from optpipe.core.schedule import OpKind
 from optpipe.core.simulate import simulate
 from optpipe.solvers.compare import compare

@@ -13,7 +13,8 @@ from optpipe.cli.main import main
 from optpipe.plan.disasm import disassemble, resolve
 from optpipe.core.errors import PlanError
 from optpipe.plan.lower import lower, problem_hash
-from optpipe.core.problem import Offload, Placement, dumps_problem
+from optpipe.core.problem import Offload, Placement
+from optpipe.core.problem_file import dumps_problem
 from optpipe.core.schedule import Schedule
 from optpipe.solvers.registry import generate
 

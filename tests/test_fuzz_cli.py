@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from optpipe.cli.main import main
-from optpipe.core.problem import load_problem
+from optpipe.core.problem_file import load_problem
 from optpipe.plan.torch_csv import schedule_to_torch_csv
 from optpipe.solvers import generate
 

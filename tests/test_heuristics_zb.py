@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from optpipe.core.errors import NotApplicable
-from optpipe.core.problem import Costs, Memory, Pipeline, Placement, Problem, load_problem
+from optpipe.core.problem import Costs, Memory, Pipeline, Placement, Problem
+from optpipe.core.problem_file import load_problem
 from optpipe.core.schedule import OpKind
 from optpipe.core.simulate import Timeline, simulate
 from optpipe.solvers.heuristics.interleaved import interleaved_group, interleaved_warmup

@@ -24,7 +24,8 @@ from optpipe.cli.main import main
 from optpipe.core.errors import OptpipeError
 from optpipe.core.files import write_atomic
 from optpipe.plan.lower import lower
-from optpipe.core.problem import Pipeline, Placement, loads_problem
+from optpipe.core.problem import Pipeline, Placement
+from optpipe.core.problem_file import loads_problem
 from optpipe.plan.program import Instruction, Opcode, PlanHeader, Program
 from optpipe.plan.verify import verify
 from optpipe.solvers import generate
@@ -323,7 +324,7 @@ def test_hostile_csv(tmp_path, text, needle):
 # --------------------------------------------------------------------------- import, export, verify, disasm
 
 def csv_of(name: str, problem_path: str) -> str:
-    from optpipe.core.problem import load_problem
+    from optpipe.core.problem_file import load_problem
     from optpipe.plan.torch_csv import schedule_to_torch_csv
 
     return schedule_to_torch_csv(generate(name, load_problem(problem_path)))
@@ -395,7 +396,7 @@ def test_markup_in_a_problem_name_is_shown_as_written(tmp_path):
     ["profile", "--devices", "2", "--microbatches", "4", "-o", "{missing}/p.toml"],
 ])
 def test_unwritable_outputs_fail_before_any_work(tmp_path, argv):
-    from optpipe.core.problem import load_problem
+    from optpipe.core.problem_file import load_problem
     from optpipe.core.schedule import dump_schedule
 
     schedule, plan, csv = tmp_path / "s.json", tmp_path / "p.opb", tmp_path / "s.csv"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from optpipe.core.errors import ProblemError
-from optpipe.core.problem import Offload, dumps_problem, loads_problem
+from optpipe.core.problem import Offload
+from optpipe.core.problem_file import dumps_problem, loads_problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate
 

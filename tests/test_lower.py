@@ -9,7 +9,8 @@ from conftest import PROBLEM_DIR, uniform_problem
 from optpipe.plan.bytecode import decode, encode
 from optpipe.core.errors import NotApplicable, ScheduleError
 from optpipe.plan.lower import lower, problem_hash, raise_schedule
-from optpipe.core.problem import Placement, load_problem
+from optpipe.core.problem import Placement
+from optpipe.core.problem_file import load_problem
 from optpipe.plan.program import COMPUTE, Instruction, Opcode
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate

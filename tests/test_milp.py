@@ -14,7 +14,8 @@ import pytest
 
 from conftest import PROBLEM_DIR, uniform_problem
 from optpipe.core.errors import ScheduleError, SolverError
-from optpipe.core.problem import Offload, Placement, load_problem
+from optpipe.core.problem import Offload, Placement
+from optpipe.core.problem_file import load_problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate
 from optpipe.solvers import milp_model as mm

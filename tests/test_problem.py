@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from optpipe.core.errors import ProblemError
-from optpipe.core.problem import Placement, dumps_problem, load_problem, loads_problem
+from optpipe.core.problem import Placement
+from optpipe.core.problem_file import dumps_problem, load_problem, loads_problem
 from optpipe.core.units import parse_bandwidth, parse_size
 
 from conftest import BASE_PROBLEM, INSTANCES

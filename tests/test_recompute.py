@@ -8,7 +8,8 @@ import pytest
 
 from conftest import uniform_problem
 from optpipe.core.errors import NotApplicable, ProblemError, ScheduleError
-from optpipe.core.problem import Offload, Recompute, dumps_problem, loads_problem
+from optpipe.core.problem import Offload, Recompute
+from optpipe.core.problem_file import dumps_problem, loads_problem
 from optpipe.core.schedule import Op, OpKind, Schedule, parse_op
 from optpipe.core.simulate import simulate
 from optpipe.solvers.registry import generate
@@ -270,7 +271,7 @@ def test_model_problems_derive_the_stage_input_and_selective_shares():
 
 
 def test_capped_recompute_offload_trades_recomputes_the_link_hides():
-    from optpipe.core.problem import load_problem
+    from optpipe.core.problem_file import load_problem
 
     from conftest import PROBLEM_DIR
 

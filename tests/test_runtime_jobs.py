@@ -16,7 +16,7 @@ import pytest
 from conftest import uniform_problem
 from optpipe.plan.bytecode import write_plan
 from optpipe.plan.lower import lower
-from optpipe.core.problem import dumps_problem, load_problem
+from optpipe.core.problem_file import dumps_problem, load_problem
 from optpipe.runtime.launcher import free_port
 from optpipe.solvers.registry import generate
 

@@ -12,7 +12,7 @@ import pytest
 
 from optpipe.plan.bytecode import write_plan
 from optpipe.plan.lower import lower
-from optpipe.core.problem import load_problem
+from optpipe.core.problem_file import load_problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.runtime.model import CONFIGS
 from optpipe.runtime.profile import profile_stages

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from benchmarks.consistency import random_problem
 from conftest import uniform_problem
 from optpipe.core.errors import InternalError, SolverError
-from optpipe.core.problem import Offload, load_problem
+from optpipe.core.problem import Offload
+from optpipe.core.problem_file import load_problem
 from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import At, Place, effects, holds, spec, waits
 from optpipe.core.simulate import simulate, start_times
@@ -138,7 +139,7 @@ def test_model_units_are_the_simulators_times_on_an_exact_grid():
 
 
 def _tiny():
-    from optpipe.core.problem import loads_problem
+    from optpipe.core.problem_file import loads_problem
 
     return loads_problem(TINY)
 

@@ -12,7 +12,8 @@ from optpipe.plan.bytecode import read_plan, write_plan
 from optpipe.cli.main import main
 from optpipe.core.errors import ScheduleError
 from optpipe.plan.lower import lower, raise_schedule
-from optpipe.core.problem import Placement, dumps_problem
+from optpipe.core.problem import Placement
+from optpipe.core.problem_file import dumps_problem
 from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
 from optpipe.plan.torch_csv import schedule_from_torch_csv, schedule_to_torch_csv

@@ -17,7 +17,8 @@ from optpipe.cli.main import main
 from optpipe.plan.disasm import disassemble
 from optpipe.core.errors import PlanError
 from optpipe.plan.lower import lower
-from optpipe.core.problem import Offload, Placement, dumps_problem
+from optpipe.core.problem import Offload, Placement
+from optpipe.core.problem_file import dumps_problem
 from optpipe.plan.program import Instruction, Opcode, PlanHeader, Program
 from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate

@@ -12,17 +12,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-import optpipe.core
 from optpipe.core.errors import BudgetTooSmall, OptpipeError, ProblemError, printable
 from optpipe.core.files import check_writable
-from optpipe.core.problem import Problem, load_problem, loads_problem
+from optpipe.core.problem import Problem
+from optpipe.core.problem_file import default_problem, load_problem
 from optpipe.core.units import format_size, parse_size
 
 console = Console(highlight=False)
 if not console.is_terminal and "COLUMNS" not in os.environ:
     console = Console(highlight=False, width=140)  # piped output: don't squeeze tables to 80 columns
-
-DEFAULT_PROBLEM = Path(optpipe.core.__file__).resolve().parent / "data" / "default.toml"
 
 # Beyond these sizes `compare`, `show` and `compile` would run for many minutes to hours without
 # a word, so they refuse up front and say so. Measured on one core of this 2-core machine: every
@@ -159,10 +157,6 @@ def check_size(problem: Problem, command: str, limit: int = MAX_PAIRS, work: int
     raise OptpipeError(
         f"pipeline.{largest[0]} = {largest[1]:,} is beyond what {command} can judge in reasonable time: {why}; "
         f"use fewer microbatches (a few times the devices show the steady state) or fewer stages")
-
-
-def default_problem() -> Problem:
-    return loads_problem(DEFAULT_PROBLEM.read_text(), default_name="default")
 
 
 def print_json(data) -> None:

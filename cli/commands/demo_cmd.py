@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from optpipe.cli.commands.common import default_problem
+from optpipe.core.problem_file import default_problem
+from optpipe.solvers.compare import compare
+from optpipe.cli.live import compile_live
+from optpipe.cli.views import print_comparison, print_result
 
 
 def add_parser(sub) -> None:
@@ -12,14 +15,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from optpipe.solvers.compare import compare
-
-    from optpipe.cli.commands.compare_cmd import print_comparison
-
     problem = default_problem()
     print_comparison(problem, compare(problem))
     # The built-in budget is one the plain schedules miss: compile finds what fits.
-    from optpipe.cli.commands.compile_cmd import compile_live, print_result
-
     print_result(compile_live(problem, time_limit_s=args.time_limit))
     return 0

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from optpipe.core.problem_file import load_problem
+from optpipe.plan.bytecode import read_plan
+from optpipe.plan.disasm import disassemble
+
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("disasm", help="print a plan file's header and instructions")
@@ -15,10 +19,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from optpipe.plan.bytecode import read_plan
-    from optpipe.plan.disasm import disassemble
-    from optpipe.core.problem import load_problem
-
     program = read_plan(args.plan)
     problem = load_problem(args.problem) if args.problem else None
     sys.stdout.write(disassemble(program, rank=args.rank, problem=problem))

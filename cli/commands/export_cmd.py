@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import sys
+
 from rich.console import Console
 
+from optpipe.core.files import write_atomic
+from optpipe.core.schedule import TRANSFER_KINDS
+from optpipe.plan.bytecode import read_plan
+from optpipe.plan.lower import raise_schedule
+from optpipe.plan.torch_csv import schedule_to_torch_csv
+from optpipe.plan.verify import verify
 from optpipe.cli.commands.common import console, markup_safe, output_path
 
 
@@ -19,13 +26,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from optpipe.plan.bytecode import read_plan
-    from optpipe.core.files import write_atomic
-    from optpipe.plan.lower import raise_schedule
-    from optpipe.core.schedule import TRANSFER_KINDS
-    from optpipe.plan.torch_csv import schedule_to_torch_csv
-    from optpipe.plan.verify import verify
-
     program = read_plan(args.plan)
     verify(program)  # a plan that deadlocks or is incomplete is not a schedule to hand to another tool
     schedule = raise_schedule(program)

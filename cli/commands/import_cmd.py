@@ -6,7 +6,12 @@ from pathlib import Path
 
 from optpipe.core.errors import EXIT_NO_FIT, OptpipeError
 from optpipe.core.files import read_text
+from optpipe.core.simulate import simulate
 from optpipe.core.units import format_size
+from optpipe.plan.bytecode import write_plan
+from optpipe.plan.lower import lower
+from optpipe.plan.torch_csv import schedule_from_torch_csv
+from optpipe.plan.verify import verify
 from optpipe.cli.commands.common import add_budget_argument, check_size, console, markup_safe, output_path, read_problem
 
 IMPORT_PAIRS = 2**19  # import lowers, verifies and simulates: near-linear, like simulate
@@ -28,12 +33,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from optpipe.plan.bytecode import write_plan
-    from optpipe.plan.lower import lower
-    from optpipe.core.simulate import simulate
-    from optpipe.plan.torch_csv import schedule_from_torch_csv
-    from optpipe.plan.verify import verify
-
     path = Path(args.csv)
     text = read_text(path, "CSV file", OptpipeError, limit=256 << 20)
     problem = read_problem(args)

@@ -6,13 +6,14 @@ every other command stay free of torch.
 
 from __future__ import annotations
 
-
 from rich.table import Table
 
 from optpipe.core.errors import OptpipeError
 from optpipe.core.files import write_atomic
-from optpipe.core.problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, Placement, dumps_problem
+from optpipe.core.problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, Placement
+from optpipe.core.problem_file import dumps_problem
 from optpipe.core.units import format_bandwidth, format_size
+from optpipe.runtime.workload import WorkloadRequest, load_workload
 from optpipe.cli.commands.common import console, float_in, int_in, markup_safe, output_path, size_option
 
 
@@ -56,13 +57,12 @@ def run(args) -> int:
     placement = Placement(args.placement) if args.placement else Placement.INTERLEAVED
     budget = args.budget
 
-    from optpipe.runtime.profile import profile_problem
-    from optpipe.runtime.train import DTYPES, _device
-    from optpipe.runtime.workload import WorkloadRequest, load_workload
-
-    device = _device(args.device, 0)
+    # Imported when profile runs: each loads torch, which --help and the other commands must not.
     import torch
+    from optpipe.runtime.device import DTYPES, select_device
+    from optpipe.runtime.profile import profile_problem
 
+    device = select_device(args.device, 0)
     threads = args.threads or (1 if device.type == "cpu" else torch.get_num_threads())
     if threads < 1:
         raise OptpipeError(f"--threads: expected a positive integer, got {threads}")

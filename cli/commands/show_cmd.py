@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from optpipe.core.render import gantt_lines, write_trace
 from optpipe.core.simulate import simulate
-from optpipe.cli.commands.common import (add_budget_argument, add_problem_argument, check_size, console, int_in, markup_safe, output_path,
-                     read_problem)
+from optpipe.solvers.registry import generate
+from optpipe.cli.commands.common import (add_budget_argument, add_problem_argument, check_size, console, int_in, markup_safe,
+                                         output_path, read_problem)
+from optpipe.cli.views import timeline_table
 
 
 def add_parser(sub) -> None:
@@ -20,11 +23,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from optpipe.solvers.registry import generate
-
-    from optpipe.core.render import gantt_lines, write_trace
-    from optpipe.cli.commands.simulate_cmd import timeline_table
-
     problem = read_problem(args)
     check_size(problem, "show")
     timeline = simulate(problem, generate(args.schedule, problem))

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from optpipe.core.errors import EXIT_NO_FIT
+from optpipe.core.problem_file import load_problem
+from optpipe.core.units import format_size
+from optpipe.plan.bytecode import read_plan
+from optpipe.plan.verify import predict, verify
 from optpipe.cli.commands.common import console, markup_safe
+from optpipe.cli.views import timeline_table
 
 
 def add_parser(sub) -> None:
@@ -15,10 +20,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from optpipe.plan.bytecode import read_plan
-    from optpipe.core.problem import load_problem
-    from optpipe.plan.verify import predict, verify
-
     program = read_plan(args.plan)
     verdict = verify(program)
     h = program.header
@@ -26,15 +27,11 @@ def run(args) -> int:
                   f"{h.world_size} ranks, {sum(verdict.instructions)} instructions, {verdict.messages} messages "
                   f"paired in order, no deadlock ({verdict.waits} waits on a peer in the abstract run)")
     if args.problem:
-        from optpipe.cli.commands.simulate_cmd import timeline_table
-
         problem = load_problem(args.problem)
         timeline = predict(program, problem)
         console.print(timeline_table(timeline))
         if not timeline.fits:
             # verify has no --budget: the advice names what the user can change, the problem file.
-            from optpipe.core.units import format_size
-
             if not timeline.fits_budget:
                 what = (f"the plan peaks at {format_size(timeline.peak)} on device {timeline.peak_device}, over "
                         f"memory.budget = {format_size(problem.memory.budget)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from optpipe.core.files import write_atomic
 from optpipe.core.schedule import OpKind
 from optpipe.core.simulate import Timeline
 
@@ -50,6 +51,4 @@ def chrome_trace(timeline: Timeline, label: str = "") -> dict:
 
 
 def write_trace(timeline: Timeline, path: str | Path, label: str = "") -> None:
-    from optpipe.core.files import write_atomic
-
     write_atomic(path, json.dumps(chrome_trace(timeline, label)), "trace file")

@@ -40,11 +40,12 @@ and one F per device and round, W at real costs), the way the authors' ZB-V gene
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from optpipe.core.problem import Problem
+from optpipe.core.problem import Costs, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.semantics import kept_bytes, lag_ms, stage_ms
+from optpipe.core.simulate import simulate
 
 __all__ = ["GreedyPolicy", "greedy_schedule", "cost_aware", "POLICIES", "KEEP_POLICIES", "RoundPolicy",
            "ROUND_POLICIES", "v_rounds", "cost_aware_v"]
@@ -244,8 +245,6 @@ def cost_aware(problem: Problem, base: Schedule, search: bool = True) -> Schedul
     and, with ``search``, the free list schedules of every policy. On the closed forms' own grid
     (F = B = W, p2p = 0) ``base`` is returned as it is. Ties keep ``base``.
     """
-    from optpipe.core.simulate import simulate
-
     if _uniform(problem):
         return base
     timeline = simulate(problem, base)
@@ -461,11 +460,6 @@ def cost_aware_v(problem: Problem, base: Schedule, warmup: Schedule, cap: int) -
     """The fastest of ``base`` and ``v_rounds`` (every ROUND_POLICIES, real and stage-averaged costs)
     within ``cap`` bytes per device (the block schedule's peak; ``base`` must fit it). ``warmup``:
     the schedule whose warm-up forwards the rounds start from. Ties keep ``base``."""
-    from dataclasses import replace
-
-    from optpipe.core.problem import Costs
-    from optpipe.core.simulate import simulate
-
     timeline = simulate(problem, base)
     best, best_key = base, (timeline.makespan, timeline.peak)
     costs, stages = problem.costs, problem.stages

@@ -26,7 +26,7 @@ from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.semantics import Place, duration_ms, holds, waits
 from optpipe.core.units import format_size
 
-from ..registry import register, require
+from ._register import register, require
 
 __all__ = ["one_f_one_b_capped"]
 

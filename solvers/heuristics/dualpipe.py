@@ -29,7 +29,7 @@ from __future__ import annotations
 from optpipe.core.problem import Placement, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 
-from ..registry import register, require
+from ._register import register, require
 
 __all__ = ["dualpipe_v", "dualpipe_v_order"]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from optpipe.core.problem import Placement, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 
-from ..registry import register, require
+from ._register import register, require
 
 __all__ = ["gis", "gis_h", "gis_schedule", "gis_warmup", "smallest_group"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 
-from ..registry import register
+from ._register import register
 
 
 @register("GPipe", "Huang et al., GPipe (arXiv 1811.06965), section 2.2", "all F then all fused backwards; peak m activations")

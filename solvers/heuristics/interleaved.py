@@ -27,7 +27,7 @@ from __future__ import annotations
 from optpipe.core.problem import Placement, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 
-from ..registry import register, require
+from ._register import register, require
 
 __all__ = ["interleaved_one_f_one_b", "interleaved_group", "interleaved_warmup", "require_interleaved_rounds"]
 

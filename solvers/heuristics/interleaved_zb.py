@@ -21,7 +21,7 @@ from __future__ import annotations
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 
-from ..registry import register
+from ._register import register
 from ._greedy import cost_aware
 from .interleaved import interleaved_group, require_interleaved_rounds
 

@@ -7,10 +7,10 @@ equal costs, and at most p activations in flight on device 0 (p-d on device d).
 
 from __future__ import annotations
 
-from optpipe.core.problem import Placement, Problem
+from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 
-from ..registry import register, require
+from ._register import register, require
 
 
 def one_f_one_b_order(warmup: int, microbatches: int) -> list[tuple[str, int]]:

@@ -34,7 +34,7 @@ from optpipe.core.semantics import duration_ms
 from optpipe.core.simulate import simulate
 
 from ..offload_slots import add_hidden_offloads, longest_lived_stages, offloadable, round_trip_ms
-from ..registry import register, require
+from ._register import register, require
 from .gis import gis_h
 
 __all__ = ["po_h", "po_f", "K_TOLERANCE", "longest_half_per_device"]

@@ -26,7 +26,7 @@ from optpipe.core.simulate import simulate
 
 from ..offload_slots import activation_windows, add_hidden_offloads, add_offloads, offloadable, round_trip_ms
 from ..recompute import add_recomputes
-from ..registry import register, require
+from ._register import register, require
 from .capped import one_f_one_b_capped
 from .gis import gis_h
 from .pipeoffload import longest_half_per_device

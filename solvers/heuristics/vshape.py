@@ -47,7 +47,7 @@ from optpipe.core.problem import Placement, Problem
 from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
 
-from ..registry import register, require
+from ._register import register, require
 from ._greedy import _uniform, cost_aware, cost_aware_v
 from ._vshape_blocks import REORDERS, VBlock, v_schedule
 

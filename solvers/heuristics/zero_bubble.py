@@ -37,7 +37,7 @@ from __future__ import annotations
 from optpipe.core.problem import Placement, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 
-from ..registry import register, require
+from ._register import register, require
 from ._greedy import cost_aware
 
 __all__ = ["zb_h1", "zb_h2", "zb_h1_order", "zb_h2_order"]
