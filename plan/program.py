@@ -107,8 +107,6 @@ class Spec:
     raises: OpKind | None = None  # the schedule op it stands for (raise_schedule; lower inverts it)
     trace_kind: OpKind | None = None  # the op whose measured time its own time adds to
     # Trace events read ``{name}{stage}:{mb}``, like the predicted op; without one, the mnemonic.
-    # RECOMPUTE has none, so its measured events read RECOMPUTE while the predicted half says RC0:1;
-    # kept as it was (this table changes no behaviour), a one-field change if RC is wanted.
     trace_name: str | None = None
     since: int = 1  # the plan format version that introduced it
 
@@ -144,7 +142,7 @@ class Opcode(IntEnum):
     BACKWARD_WEIGHT = 12, Spec(_COMPUTE, raises=_W, trace_kind=_W, trace_name="W")
     BACKWARD = 13, Spec(_COMPUTE, raises=_BW, trace_kind=_BW, trace_name="BW")  # fused: input and weight gradients
     # re-run the forward of (stage, i) under its RNG state; what it saved is back (plan format 2)
-    RECOMPUTE = 14, Spec(_COMPUTE, raises=OpKind.RECOMPUTE, since=2)
+    RECOMPUTE = 14, Spec(_COMPUTE, raises=OpKind.RECOMPUTE, trace_name="RC", since=2)
     # -- communication between ranks (peer is the other rank)
     SEND_ACTIVATION = 20, Spec(_COMM, _SMP, _NEXT, (_ACT, _SEND))  # output of F(stage, i); does not block
     POST_RECV_ACTIVATION = 21, Spec(_COMM, _SMP, _PREV, (_ACT, _POST))  # stage's input for microbatch i

@@ -68,7 +68,7 @@ def test_the_sets_the_runtime_relies_on():
     assert TRACE_KIND == {O.FORWARD: "F", O.LOSS: "F", O.BACKWARD_INPUT: "B", O.BACKWARD_WEIGHT: "W",
                           O.BACKWARD: "BW"}
     assert TRACE_NAME == {O.FORWARD: "F", O.BACKWARD_INPUT: "B", O.BACKWARD_WEIGHT: "W", O.BACKWARD: "BW",
-                          O.OFFLOAD: "OFF", O.RELOAD: "REL"}
+                          O.RECOMPUTE: "RC", O.OFFLOAD: "OFF", O.RELOAD: "REL"}
     assert {op: v for op, v in SINCE_VERSION.items() if v > 1} == {O.RECOMPUTE: 2}
     assert max(SINCE_VERSION.values()) <= FORMAT_VERSION
 
@@ -107,6 +107,7 @@ def test_raised_kinds_match_the_schedule_ir():
     assert {kind: KIND_OF[op] for kind, op in OPCODE_OF.items()} == {kind: kind for kind in OpKind}
     assert {KIND_OF[op] for op in COMPUTE} == COMPUTE_KINDS
     assert {KIND_OF[op] for op in KIND_OF if op.spec.group is Group.TRANSFER} == TRANSFER_KINDS
+    assert set(TRACE_NAME) == set(KIND_OF)  # every op the schedule has shows in a trace under its own name
     for op, name in TRACE_NAME.items():
         assert name == KIND_OF[op].mnemonic, op  # a measured event is named like the predicted op
     for op in TRACE_KIND:
