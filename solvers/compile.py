@@ -11,6 +11,12 @@
    error. Return the fastest fitting schedule seen, as the simulator times it: never slower than
    the baseline. When nothing fits, raise ``InfeasibleError`` with the smallest budget at which a
    schedule was found and the proven memory lower bound.
+
+A problem that may both offload and recompute (issue 14) first gets each pure strategy solved
+on its own (the problem without offload, then without recompute: smaller models that CP-SAT
+searches well), and those answers join the warm starts. The mix is hinted from the best of them
+and the recompute heuristics, and can only return something faster: the mix is never worse than
+a pure strategy given the same solver.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from optpipe.compiler.units import format_size
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
 from .compare import Entry, best_fitting, compare
 from .result import Progress, SolveResult, SolveStatus
+from .recompute import trade_for_offloads
 from .repair import repair_candidates
 from .warmstart import Candidate, best_candidate, warm_starts
 
@@ -47,6 +54,9 @@ _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problem
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
 _MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
+# With both offload and recompute, shares of the time left for the recompute-only and the
+# offload-only solve before the mix (issue 14).
+_PURE_SHARES = (("recompute-only", 0.5), ("offload-only", 0.3))
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,8 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
         repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
         candidates += repair_candidates(problem, candidates, deadline=repair_until)
+    if _mixes(problem, solver):
+        candidates += _pure_strategies(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
     start = best_candidate(candidates)
     if start is not None:
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))
@@ -214,6 +226,43 @@ def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: f
     backend = solver.split("-", 1)[1]
     return solve_milp(problem, backend=backend, time_limit_s=time_limit_s, hint=hint, seed=seed,
                       on_progress=on_progress)
+
+
+def _mixes(problem: Problem, solver: str) -> bool:
+    return solver == "cpsat" and problem.offload.enabled and problem.recompute.enabled
+
+
+def _pure_strategies(problem: Problem, solver: str, candidates: list[Candidate], end: float, seed: int,
+                     workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Candidate]:
+    """The solver's answer on the problem without offload and on the problem without recompute,
+    each from the best candidate that uses only that strategy, as candidates of the whole problem
+    (a schedule with no transfers, or no recompute, simulates the same on either)."""
+    out = []
+    for name, share in _PURE_SHARES:
+        left = end - time.monotonic()
+        if left <= _MIN_REPAIR_S:
+            break
+        if name == "recompute-only":
+            sub, usable = problem.without_offload(), lambda c: not c.schedule.offloaded
+        else:
+            sub, usable = problem.without_recompute(), lambda c: not c.schedule.recomputed
+        start = best_candidate([c for c in candidates + out if usable(c)])
+        if start is None or start.timeline.makespan <= bound.value + _EPS:
+            continue
+        relay = lambda p: report(replace(p, bound_ms=bound.value, message=f"{name}: {p.message}"))  # noqa: E731
+        own = [c for c in candidates if usable(c)]
+        result = _verified(sub, solver, [], lambda: _run(sub, solver, start, share * left, seed, workers, relay,
+                                                         makespan_lower_bound(sub), own))
+        if result is None or result.schedule is None:
+            continue
+        label = f"{solver}/{name}"
+        out.append(Candidate(label, result.schedule.renamed(label), simulate(problem, result.schedule)))
+        if name == "recompute-only":  # recompute only what the link cannot hide
+            traded = trade_for_offloads(problem, result.schedule, deadline=end)
+            if traded is not result.schedule:
+                label += "+offload"
+                out.append(Candidate(label, traded.renamed(label), simulate(problem, traded)))
+    return out
 
 
 def _restarts(start: Candidate, candidates: list[Candidate]) -> list[Schedule]:

@@ -4,6 +4,9 @@
 re-takes the activation from its start, so the later it starts the less time the memory is
 held, and right before B nothing can run between them. Pairs already offloaded are left alone
 (an activation is kept, offloaded or recomputed).
+
+``trade_for_offloads`` takes any fitting schedule and moves recomputed pairs to the host where
+the simulator says that is faster within the budget: "recompute only what the link cannot hide".
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from optpipe.compiler.errors import ProblemError, ScheduleError
 from optpipe.compiler.problem import Problem
 from optpipe.compiler.schedule import Op, OpKind, Schedule
 
-__all__ = ["add_recomputes", "require_recompute"]
+__all__ = ["add_recomputes", "require_recompute", "trade_for_offloads"]
 
 _B, _BW, _RC = OpKind.B, OpKind.BW, OpKind.RECOMPUTE
 
@@ -43,3 +46,36 @@ def add_recomputes(problem: Problem, schedule: Schedule, pairs: Iterable[tuple[i
             row.append(op)
         rows.append(row)
     return Schedule.of(schedule.name, rows)
+
+
+def trade_for_offloads(problem: Problem, schedule: Schedule, deadline: float | None = None) -> Schedule:
+    """``schedule`` with recomputes traded for offloads, longest F-to-B window first, each kept only
+    when the simulator says the schedule is no slower and still fits. The input when offload is off
+    or nothing is faster; stops trading at ``deadline`` (monotonic s)."""
+    import time
+
+    from optpipe.compiler.semantics import TOLERANCE_MS
+    from optpipe.compiler.simulate import simulate
+
+    from .offload_slots import activation_windows, add_offloads, round_trip_ms
+
+    if not problem.offload.enabled or not schedule.recomputed:
+        return schedule
+    best = simulate(problem, schedule)
+    if not best.fits:
+        return schedule
+    windows = activation_windows(best)
+    pairs = sorted((pair for pair in schedule.recomputed if windows[pair] + TOLERANCE_MS >= round_trip_ms(problem, pair[0])),
+                   key=lambda pair: (-windows[pair], pair))
+    for pair in pairs:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        rc = Op(_RC, *pair)
+        without = Schedule(schedule.name, tuple(tuple(op for op in ops if op != rc) for ops in schedule.devices))
+        trial = add_offloads(problem, without, [pair])
+        timeline = simulate(problem, trial)
+        # Not slower is enough: each trade takes a forward's time off its device, and the makespan
+        # falls only once every device on the critical path has traded one.
+        if timeline.fits and timeline.makespan <= best.makespan + TOLERANCE_MS:
+            schedule, best = trial, timeline
+    return schedule
