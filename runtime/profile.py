@@ -39,6 +39,7 @@ class StageProfile:
     weight_activation: int  # bytes still needed by W after B
     output_shape: tuple[int, ...]
     output_dtype: torch.dtype
+    input_bytes: int = 0  # the stage input's storage: what a recomputed forward keeps ([recompute] resident)
 
 
 def _sync(device: torch.device) -> None:
@@ -121,7 +122,8 @@ def profile_stages(model: GPTConfig | str | Workload, stages: int, *, device: to
         for p in stage.parameters():
             p.grad = None
         result.append(StageProfile(statistics.median(times["F"]), statistics.median(times["B"]),
-                                   statistics.median(times["W"]), sizes[0], sizes[1], y_shape, y_dtype))
+                                   statistics.median(times["W"]), sizes[0], sizes[1], y_shape, y_dtype,
+                                   x_in.numel() * x_in.element_size()))
     return result
 
 
