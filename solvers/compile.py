@@ -54,9 +54,9 @@ _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problem
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
 _MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
-# With both offload and recompute, shares of the time left for the recompute-only and the
-# offload-only solve before the mix (issue 14).
-_PURE_SHARES = (("recompute-only", 0.5), ("offload-only", 0.3))
+# With both offload and recompute, shares of the time left for the more promising pure strategy
+# and for the other, solved before the mix (issue 14).
+_PURE_SHARES = (0.5, 0.3)
 
 
 @dataclass(frozen=True)
@@ -237,16 +237,18 @@ def _pure_strategies(problem: Problem, solver: str, candidates: list[Candidate],
     """The solver's answer on the problem without offload and on the problem without recompute,
     each from the best candidate that uses only that strategy, as candidates of the whole problem
     (a schedule with no transfers, or no recompute, simulates the same on either)."""
+    pure = {"recompute-only": (problem.without_offload(), lambda c: not c.schedule.offloaded),
+            "offload-only": (problem.without_recompute(), lambda c: not c.schedule.recomputed)}
+    starts = {name: best_candidate([c for c in candidates if usable(c)]) for name, (_, usable) in pure.items()}
+    # the strategy whose warm start is faster is likelier to win: it is solved first, for longer
+    order = sorted(pure, key=lambda name: starts[name].timeline.makespan if starts[name] else float("inf"))
     out = []
-    for name, share in _PURE_SHARES:
+    for name, share in zip(order, _PURE_SHARES):
         left = end - time.monotonic()
         if left <= _MIN_REPAIR_S:
             break
-        if name == "recompute-only":
-            sub, usable = problem.without_offload(), lambda c: not c.schedule.offloaded
-        else:
-            sub, usable = problem.without_recompute(), lambda c: not c.schedule.recomputed
-        start = best_candidate([c for c in candidates + out if usable(c)])
+        sub, usable = pure[name]
+        start = starts[name]
         if start is None or start.timeline.makespan <= bound.value + _EPS:
             continue
         relay = lambda p: report(replace(p, bound_ms=bound.value, message=f"{name}: {p.message}"))  # noqa: E731
