@@ -57,6 +57,7 @@ _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two m
 # With both offload and recompute, the share of the time left for the more promising pure
 # strategy, solved before the mix (issue 14); the other's heuristics are warm starts as they are.
 _PURE_SHARES = (0.35,)
+_PURE_ALONE = (0.7,)  # ... or this much when no mixed heuristic is faster than the pure ones
 _SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solved on a rounded grid
 _MIXED_SHARE = 0.4  # ... then of the rest, for the mix from the best mixed heuristic (_mixed_start)
 
@@ -259,8 +260,13 @@ def _pure_strategies(problem: Problem, solver: str, candidates: list[Candidate],
     starts = {name: best_candidate([c for c in candidates if usable(c)]) for name, (_, usable) in pure.items()}
     # the strategy whose warm start is faster is likelier to win: it is solved first, for longer
     order = sorted(pure, key=lambda name: starts[name].timeline.makespan if starts[name] else float("inf"))
+    # When no heuristic that both offloads and recomputes beats the pure ones, the link hides little:
+    # the pure strategy is likely the answer and gets most of the time.
+    mixed = best_candidate([c for c in candidates if c.schedule.offloaded and c.schedule.recomputed])
+    pure_best = min((c.timeline.makespan for c in starts.values() if c is not None), default=float("inf"))
+    shares = _PURE_SHARES if mixed is not None and mixed.timeline.makespan < pure_best - _EPS else _PURE_ALONE
     out = []
-    for name, share in zip(order, _PURE_SHARES):
+    for name, share in zip(order, shares):
         left = end - time.monotonic()
         if left <= _MIN_REPAIR_S:
             break
