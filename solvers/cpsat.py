@@ -686,15 +686,6 @@ class Model:
             tail = max(tail, value + self.scope.rest[d])
         self.cp.add_hint(self.makespan, tail)
 
-    def fix_decisions(self, schedule: Schedule, free: frozenset[tuple[int, int]]) -> None:
-        """Every pair outside ``free`` is kept, offloaded or recomputed as in ``schedule``."""
-        for pair, x in self.offloaded.items():
-            if pair not in free:
-                self.cp.add(x == int(pair in schedule.offloaded))
-        for pair, r in self.recomputed.items():
-            if pair not in free:
-                self.cp.add(r == int(pair in schedule.recomputed))
-
     def _hint_fifo(self, starts: Mapping[Op, int], ends: Mapping[Op, int]) -> None:
         """The shared-channel literals and ready times of the hinted schedule."""
         if not self.fifo:
@@ -825,15 +816,11 @@ def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | 
 
 def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule | None = None,
                 seed: int = 0, workers: int | None = None, resolution_ms: float | None = None,
-                on_progress: Callable[[Progress], None] | None = None,
-                free_pairs: frozenset[tuple[int, int]] | None = None) -> SolveResult:
+                on_progress: Callable[[Progress], None] | None = None) -> SolveResult:
     """Minimise the makespan over the whole problem; returns what the simulator says of the result.
 
     A fitting hint (the best fitting heuristic, usually) is given to CP-SAT complete and bounds
-    the horizon, so the search only looks at schedules at least as fast. ``free_pairs`` (with a
-    fitting hint): only these (stage, microbatch) may change between keep, offload and recompute;
-    every other pair keeps the hint's choice (a neighbourhood of the decisions, issue 14). The
-    bound of such a solve is not a bound of the problem, and is not reported.
+    the horizon, so the search only looks at schedules at least as fast.
     """
     began = time.monotonic()
     # data
@@ -850,9 +837,6 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     if values is not None:
         model.hint(*values)
     proves = grid.exact and model.memory_exact
-    if free_pairs is not None and values is not None:
-        model.fix_decisions(hint, free_pairs)
-        proves = False
     # solve
     callback = _Progress(grid, began, on_progress, analytic, proves)
     # Probing pays for proofs; a rounded grid proves nothing, and its long horizons make probing
