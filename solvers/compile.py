@@ -281,12 +281,12 @@ def _pure_strategies(problem: Problem, solver: str, candidates: list[Candidate],
         if result is None or result.schedule is None:
             continue
         label = f"{solver}/{name}"
-        out.append(Candidate(label, result.schedule.renamed(label), simulate(problem, result.schedule)))
+        answer = Candidate(label, result.schedule.renamed(label), simulate(problem, result.schedule))
         if name == "recompute-only":  # recompute only what the link cannot hide
             traded = trade_for_offloads(problem, result.schedule, deadline=end)
-            if traded is not result.schedule:
-                label += "+offload"
-                out.append(Candidate(label, traded.renamed(label), simulate(problem, traded)))
+            if traded is not result.schedule:  # no slower, less compute: listed first, it wins a tie
+                out.append(Candidate(label + "+offload", traded.renamed(label + "+offload"), simulate(problem, traded)))
+        out.append(answer)
     return out
 
 
