@@ -32,7 +32,10 @@ channel is a FIFO: it carries next the transfer that became ready first (``ready
 its issue point and its device's previous transfer on the channel all met), ties to the lower
 device, then the earlier list position. A transfer ready while the channel is busy starts when
 it frees. That order is a function of the lists alone, so every simulation of a schedule is the
-same; a solver may order a shared channel any other way, and the simulator is the judge.
+same. The order stays the simulator's, not a solver's choice: a plan carries per-device lists,
+and no rank can see when its neighbour's transfers became ready. CP-SAT's full model encodes this
+FIFO (cpsat.py); models that order a shared channel otherwise are relaxations whose answers the
+simulator re-times.
 """
 
 from __future__ import annotations

@@ -324,14 +324,13 @@ class Interpreter:
         return torch.get_rng_state(), cuda
 
     def _shed(self, key) -> None:
-        """A recomputed forward keeps nothing it saved: the store counts it released at once (the
-        simulator frees it at F's end) and the graph goes; the output stays for the sends.
-
-        The forward's input is kept for the recompute outside the store (it is the previous
-        stage's output or the microbatch, which the store does not count either), so measured
-        resident bytes equal the simulator's for ``[recompute] resident = 0``; a problem that
-        says the stage input stays resident plans for it on top."""
+        """A recomputed forward keeps only its input: the store releases what it saved (the
+        simulator frees all but ``[recompute] resident`` at F's end) and counts the input, which
+        the recompute needs, from here until the backward releases it; the graph goes, the
+        output stays for the sends. So ``resident`` is the stage input's bytes (the profiler's
+        ``input_bytes``, the cost model's stage input), and measured peaks equal the simulator's."""
         self.store.drop(*key)
+        self.store.keep(*key, self._again[key][0])
         fwd = self._fwd[key]
         self._fwd[key] = type(fwd)(fwd.output.detach(), [])
 

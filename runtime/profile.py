@@ -41,6 +41,7 @@ class StageProfile:
     weight_activation: int  # bytes still needed by W after B
     output_shape: tuple[int, ...]
     output_dtype: torch.dtype
+    input_bytes: int = 0  # the stage input's storage: what a recomputed forward keeps ([recompute] resident)
 
 
 def _sync(device: torch.device) -> None:
@@ -120,7 +121,8 @@ def _profile_stage(runner: _StageRunner, x_in: torch.Tensor, warmup: int, repeat
         if done.output is not None:
             x_next = done.output
     profile = StageProfile(statistics.median(times["F"]), statistics.median(times["B"]),
-                           statistics.median(times["W"]), sizes[0], sizes[1], done.shape, done.dtype)
+                           statistics.median(times["W"]), sizes[0], sizes[1], done.shape, done.dtype,
+                           x_in.numel() * x_in.element_size())
     return profile, x_next
 
 

@@ -264,6 +264,34 @@ class ActivationStore:
             released += self._let_go(entry, block, empty=False)
         return released
 
+    def keep(self, stage: int, microbatch: int, tensor: torch.Tensor) -> int:
+        """Count ``tensor``'s storage as the entry's (a new entry after ``drop``): what a recomputed
+        forward keeps until its recompute, the stage input (semantics: ``[recompute] resident``).
+        The recompute saves it again into the same block, so it is counted once; the backward's
+        ``forget`` or the weight pass's ``drop`` releases it like any saved block. Returns the
+        bytes newly counted (0 when another entry already holds that storage)."""
+        key = (stage, microbatch)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(key)
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr == 0 or ptr in self._excluded:
+            return 0
+        block = self._by_ptr.get(ptr)
+        if block is not None:
+            if id(block) not in entry.blocks:
+                block.users += 1
+                entry.blocks[id(block)] = block
+            return 0
+        block = self._by_ptr[ptr] = _Block(storage, storage.nbytes())
+        entry.blocks[id(block)] = block
+        entry.bytes += block.nbytes
+        self.resident += block.nbytes
+        if self.resident > self.peak:
+            self.peak = self.resident
+        return block.nbytes
+
     def _let_go(self, entry: _Entry, block: _Block, empty: bool) -> int:
         block.users -= 1
         if block.users > 0:

@@ -11,6 +11,12 @@
    error. Return the fastest fitting schedule seen, as the simulator times it: never slower than
    the baseline. When nothing fits, raise ``InfeasibleError`` with the smallest budget at which a
    schedule was found and the proven memory lower bound.
+
+A problem that may both offload and recompute (issue 14) first gets the pure strategy whose
+warm start is faster solved on its own (the problem without offload, or without recompute: a
+smaller model that CP-SAT searches well), and its answer joins the warm starts. The mix is hinted from the best of them
+and the recompute heuristics, and can only return something faster: the mix is never worse than
+a pure strategy given the same solver.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from .compare import Entry, best_fitting, compare
 from .milp import solve_milp
 from .registry import get_generator
 from .result import Progress, SolveResult, SolveStatus
+from .timegrid import choose_grid
+from .recompute import trade_for_offloads
 from .repair import repair_candidates
 from .warmstart import Candidate, best_candidate, warm_starts
 
@@ -49,6 +57,12 @@ _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problem
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
 _MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
+# With both offload and recompute, the share of the time left for the more promising pure
+# strategy, solved before the mix (issue 14); the other's heuristics are warm starts as they are.
+_PURE_SHARES = (0.35,)
+_PURE_ALONE = (0.7,)  # ... or this much when no mixed heuristic is faster than the pure ones
+_SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solved on a rounded grid
+_MIXED_SHARE = 0.4  # ... then of the rest, for the mix from the best mixed heuristic (_mixed_start)
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,9 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
         repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
         candidates += repair_candidates(problem, candidates, deadline=repair_until)
+    if _mixes(problem, solver):
+        candidates += _pure_strategies(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
+        candidates += _mixed_start(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
     start = best_candidate(candidates)
     if start is not None:
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))
@@ -201,7 +218,7 @@ def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: f
             from .cpsat import solve_cpsat  # lazy: loads OR-Tools, which compile without cpsat does not need
 
             return solve_cpsat(problem, time_limit_s=time_limit_s, hint=hint, seed=seed, workers=workers,
-                               on_progress=on_progress)
+                               on_progress=on_progress, resolution_ms=_search_resolution(problem, solver))
         from .lns import improve  # lazy: loads OR-Tools
 
         began = time.monotonic()
@@ -212,6 +229,83 @@ def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: f
     backend = solver.split("-", 1)[1]
     return solve_milp(problem, backend=backend, time_limit_s=time_limit_s, hint=hint, seed=seed,
                       on_progress=on_progress)
+
+
+def _mixes(problem: Problem, solver: str) -> bool:
+    return solver == "cpsat" and problem.offload.enabled and problem.recompute.enabled
+
+
+def _search_resolution(problem: Problem, solver: str) -> float | None:
+    """A mix's model on a rounded grid when the exact one is very fine: transfers of odd byte
+    counts make the exact unit ~1e-7 ms, and CP-SAT then spends seconds in presolve before its
+    first solution, which the mix's several solves cannot afford. The rounded grid is safe
+    (timegrid.py; its padding stays under SLACK_SHARE of the bound) and proves nothing."""
+    if not _mixes(problem, solver):
+        return None
+    grid = choose_grid(problem, max_units=_SEARCH_UNITS)
+    return None if grid.exact else grid.resolution_ms
+
+
+def _pure_strategies(problem: Problem, solver: str, candidates: list[Candidate], end: float, seed: int,
+                     workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Candidate]:
+    """The solver's answer on the problem without offload or on the problem without recompute
+    (whichever has the faster warm start; one per share of _PURE_SHARES), from the best candidate
+    that uses only that strategy, as candidates of the whole problem (a schedule with no
+    transfers, or no recompute, simulates the same on either)."""
+    pure = {"recompute-only": (problem.without_offload(), lambda c: not c.schedule.offloaded),
+            "offload-only": (problem.without_recompute(), lambda c: not c.schedule.recomputed)}
+    starts = {name: best_candidate([c for c in candidates if usable(c)]) for name, (_, usable) in pure.items()}
+    # the strategy whose warm start is faster is likelier to win: it is solved first, for longer
+    order = sorted(pure, key=lambda name: starts[name].timeline.makespan if starts[name] else float("inf"))
+    # When no heuristic that both offloads and recomputes beats the pure ones, the link hides little:
+    # the pure strategy is likely the answer and gets most of the time.
+    mixed = best_candidate([c for c in candidates if c.schedule.offloaded and c.schedule.recomputed])
+    pure_best = min((c.timeline.makespan for c in starts.values() if c is not None), default=float("inf"))
+    shares = _PURE_SHARES if mixed is not None and mixed.timeline.makespan < pure_best - _EPS else _PURE_ALONE
+    out = []
+    for name, share in zip(order, shares):
+        left = end - time.monotonic()
+        if left <= _MIN_REPAIR_S:
+            break
+        sub, usable = pure[name]
+        start = starts[name]
+        if start is None or start.timeline.makespan <= bound.value + _EPS:
+            continue
+        relay = lambda p: report(replace(p, bound_ms=bound.value, message=f"{name}: {p.message}"))  # noqa: E731
+        own = [c for c in candidates if usable(c)]
+        result = _verified(sub, solver, [], lambda: _run(sub, solver, start, share * left, seed, workers, relay,
+                                                         makespan_lower_bound(sub), own))
+        if result is None or result.schedule is None:
+            continue
+        label = f"{solver}/{name}"
+        answer = Candidate(label, result.schedule.renamed(label), simulate(problem, result.schedule))
+        if name == "recompute-only":  # recompute only what the link cannot hide
+            traded = trade_for_offloads(problem, result.schedule, deadline=end)
+            if traded is not result.schedule:  # no slower, less compute: listed first, it wins a tie
+                out.append(Candidate(label + "+offload", traded.renamed(label + "+offload"), simulate(problem, traded)))
+        out.append(answer)
+    return out
+
+
+def _mixed_start(problem: Problem, solver: str, candidates: list[Candidate], end: float, seed: int,
+                 workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Candidate]:
+    """The mix solved for a share of the time from the best candidate that both offloads and
+    recomputes, when that is not the best candidate overall: the search from a pure strategy's
+    answer and the one from a mixed heuristic (1F1B-capped-RC/OFF, PO-H-RC) find different
+    schedules, and the better of the two is where the last solve starts."""
+    best = best_candidate(candidates)
+    mixed = best_candidate([c for c in candidates if c.schedule.offloaded and c.schedule.recomputed
+                            and not c.name.startswith(f"{solver}/")])  # a heuristic, not a pure answer traded
+    left = end - time.monotonic()
+    if mixed is None or mixed is best or left <= _MIN_REPAIR_S or mixed.timeline.makespan <= bound.value + _EPS:
+        return []
+    relay = lambda p: report(replace(p, bound_ms=bound.value, message=f"mixed start: {p.message}"))  # noqa: E731
+    result = _verified(problem, solver, [], lambda: _run(problem, solver, mixed, _MIXED_SHARE * left, seed, workers,
+                                                         relay, bound, candidates))
+    if result is None or result.schedule is None:
+        return []
+    label = f"{solver}/mix-from-{mixed.name}"
+    return [Candidate(label, result.schedule.renamed(label), result.timeline)]
 
 
 def _restarts(start: Candidate, candidates: list[Candidate]) -> list[Schedule]:

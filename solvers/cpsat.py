@@ -24,6 +24,9 @@ The model, in integer units of a ``Grid`` (timegrid.py):
   point), or of a transfer on its channel, or at 0. With every op tight the start times are
   the least fixed point of the simulator's recurrence for the decoded order: the simulator
   reproduces them exactly;
+- shared host links (``[offload] link_groups``): one no-overlap per group's D2H and H2D channel,
+  served FIFO by ready time as the simulator serves it (``_shared_fifo``), so on an exact grid the
+  simulator reproduces the model's times there too; a window model leaves the order free;
 - symmetry breaking: every stage runs its F, its B and its W in microbatch order (FIFO).
   Without offload this loses nothing (memory depends only on how many activations of a stage
   are live, so labels can be exchanged); with offload it is the usual restriction, and
@@ -138,6 +141,8 @@ class Model:
         self._no_overlap()
         self._memory()
         self._tightness()
+        self.fifo: list[tuple] = []  # (literal or ready variable, how to read it off a solution), for hints
+        self._shared_fifo()
         self._objective(lower)
 
     # ------------------------------------------------------------- data helpers
@@ -513,6 +518,93 @@ class Model:
             literals.append(~present)
         self.cp.add_bool_or(literals)
 
+    # ------------------------------------------------------------- shared host links
+
+    def _shared_fifo(self) -> None:
+        """A shared channel carries its transfers FIFO by ready time, ties to the lower device
+        (semantics.py, "Shared host links"): each transfer's ``ready`` is the latest end of what it
+        waits for in the simulator (its data, its issue point: the last compute op on its device
+        that ended by its start, where decoding lists it, and its device's transfer before it on
+        the channel), and of two transfers of different devices the one served first has the
+        smaller (ready, device). With that the simulator reproduces the model's order and times.
+        The full model only: a window's shared channels stay a relaxation (lns.py re-simulates)."""
+        if self.scope.window or not self.problem.offload.enabled:
+            return
+        for group in self.problem.offload.link_groups:
+            if len(group) < 2:
+                continue
+            for kind in (_OFF, _REL):
+                ops = [op for d in group for op in self._device_ops(d, (kind,))]
+                ready = {op: self._ready(op, kind) for op in ops}
+                for x, a in enumerate(ops):
+                    for b in ops[x + 1:]:
+                        da, db = self.device_of[a.stage], self.device_of[b.stage]
+                        if da == db:
+                            continue
+                        both = self._both(a, b)
+                        if both is None:
+                            continue
+                        first = self.cp.new_bool_var(f"fifo{a}<{b}")  # a is served before b
+                        self.cp.add(self.end_of(a) <= self.start[b]).only_enforce_if([first] + both)
+                        self.cp.add(self.end_of(b) <= self.start[a]).only_enforce_if([~first] + both)
+                        # the lower device wins a tie
+                        if da < db:
+                            self.cp.add(ready[a] <= ready[b]).only_enforce_if([first] + both)
+                            self.cp.add(ready[b] < ready[a]).only_enforce_if([~first] + both)
+                        else:
+                            self.cp.add(ready[a] < ready[b]).only_enforce_if([first] + both)
+                            self.cp.add(ready[b] <= ready[a]).only_enforce_if([~first] + both)
+                        self.fifo.append((first, "before", a, b))
+
+    def _both(self, a: Op, b: Op) -> list | None:
+        """The presence literals of two transfers (None when one is absent for sure)."""
+        out = []
+        for op in (a, b):
+            present = self._present(op)
+            if present is False:
+                return None
+            if present is not True:
+                out.append(present)
+        return out
+
+    def _ready(self, op: Op, kind: OpKind):
+        """A variable equal to the simulator's ready time of a transfer on a shared channel."""
+        d = self.device_of[op.stage]
+        present = self._present(op)
+        when = [] if present is True else [present]
+        ready = self.cp.new_int_var(0, self.horizon, f"ready{op}")
+        start = self.start[op]
+        terms = [(self.end_of(self.data_preds(op)[0][0]), None)]
+        for other in self._device_ops(d, _COMPUTE) + self._recomputes_on(d) + self._device_ops(d, (kind,)):
+            if other == op:
+                continue
+            other_present = self._present(other)
+            if other_present is False:
+                continue
+            by = self.cp.new_bool_var(f"by{other}<{op}")  # ended by op's start (listed before it)
+            guard = [] if other_present is True else [other_present]
+            if other_present is not True:
+                self.cp.add_implication(by, other_present)
+            self.cp.add(self.end_of(other) <= start).only_enforce_if([by] + when)
+            if other.kind in _COMPUTE or other.kind is _RC:
+                self.cp.add(self.end_of(other) > start).only_enforce_if([~by] + guard + when)
+            else:  # one channel: one of the two runs first
+                self.cp.add(self.end_of(op) <= self.start[other]).only_enforce_if([~by] + guard + when)
+            terms.append((self.end_of(other), by))
+            self.fifo.append((by, "ended", other, op))
+        tight = [] if present is True else [~present]
+        for n, (end, by) in enumerate(terms):
+            self.cp.add(ready >= end).only_enforce_if(([by] if by is not None else []) + when)
+            t = self.cp.new_bool_var(f"rt{op}#{n}")
+            self.cp.add(ready == end).only_enforce_if(t)
+            if by is not None:
+                self.cp.add_implication(t, by)
+            tight.append(t)
+            self.fifo.append((t, "ready-is", op, n, end))
+        self.cp.add_bool_or(tight)
+        self.fifo.append((ready, "ready", op, terms))
+        return ready
+
     # ------------------------------------------------------------- objective
 
     def _objective(self, lower: int) -> None:
@@ -582,6 +674,7 @@ class Model:
                     z += self.grid.slack
                 value = z - a if a is not None and z is not None else 0
             self.cp.add_hint(size, max(0, value))
+        self._hint_fifo(starts, ends)
         if not self.scope.window:
             self.cp.add_hint(self.makespan, max(ends[op] for op in self.start if op in ends and op.kind is _W))
             return
@@ -592,6 +685,55 @@ class Model:
             self.cp.add_hint(end, value)
             tail = max(tail, value + self.scope.rest[d])
         self.cp.add_hint(self.makespan, tail)
+
+    def _hint_fifo(self, starts: Mapping[Op, int], ends: Mapping[Op, int]) -> None:
+        """The shared-channel literals and ready times of the hinted schedule."""
+        if not self.fifo:
+            return
+        ready: dict[Op, int] = {}
+        for entry in self.fifo:
+            if entry[1] == "ready":
+                op, terms = entry[2], entry[3]
+                if op not in starts:
+                    ready[op] = 0
+                    continue
+                values = [ends[self.data_preds(op)[0][0]]]
+                values += [ends[o] for o in self._ready_others(op) if o in ends and ends[o] <= starts[op]]
+                ready[op] = max(values)
+        for entry in self.fifo:
+            var, what = entry[0], entry[1]
+            if what == "ready":
+                self.cp.add_hint(var, ready[entry[2]])
+            elif what == "before":
+                a, b = entry[2], entry[3]
+                self.cp.add_hint(var, a in starts and b in starts and starts[a] < starts[b])
+            elif what == "ended":
+                other, op = entry[2], entry[3]
+                self.cp.add_hint(var, other in ends and op in starts and ends[other] <= starts[op])
+        chosen: set = set()  # one equality literal per ready: the first term that attains it
+        for entry in self.fifo:
+            if entry[1] != "ready-is":
+                continue
+            var, op, n = entry[0], entry[2], entry[3]
+            value = False
+            if op in starts and op not in chosen:
+                terms = self._ready_terms(op)
+                term, by = terms[n]
+                if by is None or (by in ends and ends[by] <= starts[op]):
+                    end = ends[self.data_preds(op)[0][0]] if by is None else ends[by]
+                    value = end == ready[op]
+            if value:
+                chosen.add(op)
+            self.cp.add_hint(var, value)
+
+    def _ready_others(self, op: Op) -> list[Op]:
+        d = self.device_of[op.stage]
+        return [o for o in self._device_ops(d, _COMPUTE) + self._recomputes_on(d) + self._device_ops(d, (op.kind,))
+                if o != op]
+
+    def _ready_terms(self, op: Op) -> list[tuple[None, Op | None]]:
+        """The terms of ``_ready`` in its order: the data wait, then each other op it may follow."""
+        return [(None, None)] + [(None, o) for o in self._ready_others(op) if self._present(o) is not False]
 
     # ------------------------------------------------------------- read back
 
@@ -712,9 +854,10 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     timeline = simulate(problem, schedule)
     objective = grid.ms(solver.objective_value)
     # check
-    if problem.offload.enabled and problem.offload.link_groups:
-        # A shared channel's order is the simulator's FIFO (semantics.py); the model lets the solver
-        # pick any order, so it is a relaxation: its bound stands, its times are re-simulated.
+    if problem.offload.enabled and problem.offload.link_groups and not grid.exact:
+        # The model orders a shared channel FIFO by ready time (Model._shared_fifo) in its own
+        # units; on a rounded grid two ready times the simulator tells apart may round together,
+        # so there the simulator is the judge: its bound stands, its times are re-simulated.
         if not timeline.fits:
             return SolveResult("cpsat", SolveStatus.NO_IMPROVEMENT, None, None, None, analytic, elapsed,
                                grid.resolution_ms)

@@ -54,6 +54,7 @@ from .decode import schedule_from_starts
 from .moves import improve_by_moves
 from .neighbourhoods import KINDS as WINDOW_KINDS
 from .neighbourhoods import Neighbourhood, choose, sweep
+from .recompute import flip_decisions
 from .result import Progress
 from .timegrid import Grid, choose_grid
 
@@ -62,6 +63,7 @@ __all__ = ["improve", "Search", "KINDS"]
 KINDS = WINDOW_KINDS + ("moves",)  # "moves": list moves judged by the simulator (moves.py)
 _MOVES_S = 1.0  # wall time of one round of list moves
 _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
+_FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute flips after the windows
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 _EPS = TOLERANCE_MS
@@ -207,8 +209,8 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     rather than wall time: with one worker, a fixed seed and ``max_windows``, the result is the
     same on every run.
     """
-    if schedule.recomputed:  # window models decide keep or offload only (issue 14): left as it is
-        return Search(schedule, simulate(problem, schedule), 0, 0)
+    if schedule.recomputed:  # window models place no RECOMPUTE (issue 14): the choices are searched by flips
+        return _flips(problem, schedule, time.monotonic() + time_limit_s, random.Random(seed))
     began = time.monotonic()
     deadline = began + time_limit_s
     rng = random.Random(seed)
@@ -232,10 +234,23 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
         best = replace(best, tabu=set(), cursor=0.0)
     else:
         best = context.state(schedule, first)
-    best = context.search(best, deadline, windows)
+    flips_from = deadline - _FLIP_SHARE * time_limit_s if problem.recompute.enabled and max_windows is None else deadline
+    best = context.search(best, flips_from, windows)
     if not (best.timeline.fits and best.score <= _score(first)):  # pragma: no cover - kept by acceptance
         return Search(schedule, first, best.solved, 0)
+    if flips_from < deadline:  # the window models keep every choice's kind; recompute is decided here
+        flipped = _flips(problem, best.schedule, deadline, rng)
+        return Search(flipped.schedule, flipped.timeline, best.solved + flipped.windows,
+                      best.improved + flipped.improvements)
     return Search(best.schedule, best.timeline, best.solved, best.improved)
+
+
+def _flips(problem: Problem, schedule: Schedule, deadline: float, rng: random.Random) -> Search:
+    """Keep, offload or recompute, one pair at a time, judged by the simulator (recompute.py)."""
+    first = simulate(problem, schedule)
+    flipped, timeline = flip_decisions(problem, schedule, deadline=deadline, rng=rng)
+    faster = int(timeline.makespan < first.makespan - _EPS)
+    return Search(flipped, timeline, 1, faster)
 
 
 @dataclass

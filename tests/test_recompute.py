@@ -284,3 +284,45 @@ def test_capped_recompute_offload_trades_recomputes_the_link_hides():
     mixed = simulate(problem, mixed_schedule)
     assert mixed.fits and mixed_schedule.offloaded and mixed_schedule.recomputed
     assert mixed.makespan < recomputed.makespan
+
+
+def test_the_mix_is_never_slower_than_the_pure_strategies_it_solves_first():
+    from optpipe.solvers.compile import compile_problem
+
+    problem = replace(uniform_problem(4, 6, act=100, keep=50, budget=150, f=1, b=1, w=1,
+                                      offload=Offload(True, 5e4, 5e4, 10**6)),  # k = 2: 4 ms a round trip
+                      recompute=Recompute(True, (1.0,) * 4, (10,) * 4))
+    seen = []
+    result = compile_problem(problem, time_limit_s=4, workers=1, on_progress=seen.append)
+    pure = {name: [p.incumbent_ms for p in seen if p.message.startswith(name + ":") and p.incumbent_ms]
+            for name in ("recompute-only", "offload-only")}
+    assert pure["recompute-only"]  # solved on its own first, and its answers joined the warm starts
+    assert result.timeline.fits
+    assert result.makespan_ms <= min(min(v) for v in pure.values() if v) + 1e-9
+    assert all(p.bound_ms <= result.makespan_ms + 1e-9 for p in seen)  # the whole problem's bound, not a pure one's
+
+
+def test_the_window_search_decides_recompute_too():
+    """lns.improve on a schedule that recomputes (no window model places a RECOMPUTE) and on one
+    that does not, with [recompute]: keep / offload / recompute flips judged by the simulator."""
+    from optpipe.solvers.lns import improve
+
+    problem = replace(uniform_problem(4, 6, act=100, keep=50, budget=150, f=1, b=1, w=1,
+                                      offload=Offload(True, 5e4, 5e4, 10**6)),
+                      recompute=Recompute(True, (1.0,) * 4, (10,) * 4))
+    everything = add_recomputes_everywhere(problem)
+    start = simulate(problem, everything)
+    assert start.fits
+    search = improve(problem, everything, time_limit_s=2, workers=1, seed=0)
+    assert search.timeline.fits and search.timeline.makespan < start.makespan  # some recomputes were not needed
+    assert len(search.schedule.recomputed) < len(everything.recomputed)
+    capped = generate("1F1B-capped", problem)  # keeps everything: recomputing lets more microbatches in flight?
+    search = improve(problem, capped, time_limit_s=2, workers=1, seed=0)
+    assert search.timeline.fits and search.timeline.makespan <= simulate(problem, capped).makespan
+
+
+def add_recomputes_everywhere(problem):
+    from optpipe.solvers.recompute import add_recomputes
+
+    return add_recomputes(problem, generate("1F1B-capped-RC", problem),
+                          [(s, i) for s in range(problem.stages) for i in range(problem.microbatches)])

@@ -43,27 +43,38 @@ SEED = 0
 HEURISTICS = ["1F1B", "1F1B-I", "ZB-H1", "ZB-H2", "ZBV", "V-Half", "GIS-H", "PO-H", "PO-F", "ZB-I", "DualPipeV"]
 CHUNKS = {"1F1B": 1, "ZB-H1": 1, "ZB-H2": 1}
 VSHAPE = {"ZBV", "V-Half", "DualPipeV"}
-OFFLOADING = {"PO-H", "PO-F", "solver", "PO-H-linked", "solver-linked"}
+OFFLOADING = {"PO-H", "PO-F", "solver", "PO-H-linked", "solver-linked", "PO-H-linked+RC"}
 # Issue 14: the same on shared host links (devices 0-1 and 2-3 share one link each), and plans
 # that recompute: every activation (the last stage's too), or a mix of offload and recompute.
-LINKED = ["PO-H-linked", "solver-linked", "1F1B-capped-RC", "PO-H+RC"]
+LINKED = ["PO-H-linked", "solver-linked", "1F1B-capped-RC", "PO-H+RC", "PO-H-linked+RC"]
 MICROBATCHES = {2: 4, 4: 8}  # per world size; the solver's problems use 4 to solve in well under a second
 
-_SIZES: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+_SIZES: dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
 
 
-def _profiled_sizes(stages: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _profiled_sizes(stages: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(activation, weight_activation, stage input) bytes per stage, as the store counts them."""
     if stages not in _SIZES:
         profiles = profile_stages(CONFIG, stages, repeats=1, warmup=0, seed=SEED)
-        _SIZES[stages] = (tuple(p.activation for p in profiles), tuple(p.weight_activation for p in profiles))
+        _SIZES[stages] = (tuple(p.activation for p in profiles), tuple(p.weight_activation for p in profiles),
+                          tuple(p.input_bytes for p in profiles))
     return _SIZES[stages]
+
+
+def _recomputing(problem: Problem) -> Problem:
+    """The problem with full recompute; what stays resident is the stage input, as profiled."""
+    from dataclasses import replace
+
+    resident = _profiled_sizes(problem.stages)[2]
+    assert all(r > 0 for r in resident)
+    return replace(problem, recompute=Recompute(True, (1.0,) * problem.stages, resident))
 
 
 def _problem(devices: int, chunks: int, placement: Placement, budget_activations: float | None = None,
              microbatches: int | None = None, linked: bool = False) -> Problem:
     """Fixed costs (F = B = W = 1 ms), profiled sizes, a host link with k = 0.5 (round trip = (F + B) / 2)."""
     stages = devices * chunks
-    activation, weight_activation = _profiled_sizes(stages)
+    activation, weight_activation, _ = _profiled_sizes(stages)
     bandwidth = max(activation) / 0.5e-3  # bytes per second: a one-way copy of the largest takes 0.5 ms
     budget = 10**12 if budget_activations is None else int(budget_activations * activation[0])
     return Problem(
@@ -102,20 +113,22 @@ def _plans(devices: int):
     result = solve_cpsat(problem, time_limit_s=10.0, workers=1, seed=0)
     assert result.schedule is not None, f"CP-SAT found no plan for the linked test problem: {result.status}"
     plans.append(("solver-linked", problem, result.schedule))
-    from dataclasses import replace
-
     from optpipe.solvers.recompute import add_recomputes
 
-    # The runtime keeps a recomputed forward's input outside the store, so resident is 0 here.
-    problem = _problem(devices, 1, Placement.INTERLEAVED, budget_activations=1.5)
-    problem = replace(problem, recompute=Recompute(True, (1.0,) * devices, (0,) * devices))
+    # A recomputed forward keeps its input (resident > 0): the store counts it until the backward.
+    problem = _recomputing(_problem(devices, 1, Placement.INTERLEAVED, budget_activations=1.5))
     plans.append(("1F1B-capped-RC", problem, generate("1F1B-capped-RC", problem)))
-    problem = _problem(devices, 2, Placement.INTERLEAVED)
-    problem = replace(problem, recompute=Recompute(True, (1.0,) * 2 * devices, (0,) * 2 * devices))
+    problem = _recomputing(_problem(devices, 2, Placement.INTERLEAVED))
     po_h = generate("PO-H", problem)
     rest = [(s, i) for s in range(problem.stages - 1) for i in range(problem.microbatches)
             if (s, i) not in po_h.offloaded]
     plans.append(("PO-H+RC", problem, add_recomputes(problem, po_h, rest)))
+    # Offload over shared host links and recompute, in one plan.
+    problem = _recomputing(_problem(devices, 2, Placement.INTERLEAVED, linked=True))
+    po_h = generate("PO-H", problem)
+    rest = [(s, i) for s in range(problem.stages - 1) for i in range(problem.microbatches)
+            if (s, i) not in po_h.offloaded]
+    plans.append(("PO-H-linked+RC", problem, add_recomputes(problem, po_h, rest)))
     return plans, missing
 
 

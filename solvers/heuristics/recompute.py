@@ -20,12 +20,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from optpipe.core.problem import Problem
-from optpipe.core.schedule import Op, OpKind, Schedule
-from optpipe.core.semantics import TOLERANCE_MS
+from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
 
-from ..offload_slots import activation_windows, add_hidden_offloads, add_offloads, offloadable, round_trip_ms
-from ..recompute import add_recomputes
+from ..offload_slots import add_hidden_offloads, offloadable
+from ..recompute import add_recomputes, trade_for_offloads
 from ._register import register, require
 from .capped import one_f_one_b_capped
 from .gis import gis_h
@@ -87,16 +86,4 @@ def po_h_recompute(problem: Problem) -> Schedule:
 def capped_recompute_offload(problem: Problem) -> Schedule:
     _require_recompute(problem, "1F1B-capped-RC/OFF")
     require(problem.offload.enabled, "1F1B-capped-RC/OFF trades recomputes for offloads; enable [offload]")
-    schedule = capped_recompute(problem)
-    best = simulate(problem, schedule)
-    windows = activation_windows(best)
-    candidates = sorted((pair for pair in schedule.recomputed if windows[pair] + TOLERANCE_MS >= round_trip_ms(problem, pair[0])),
-                        key=lambda pair: (-windows[pair], pair))
-    for pair in candidates:
-        rc = Op(OpKind.RECOMPUTE, *pair)
-        without = Schedule(schedule.name, tuple(tuple(op for op in ops if op != rc) for ops in schedule.devices))
-        trial = add_offloads(problem, without, [pair])
-        timeline = simulate(problem, trial)
-        if timeline.fits and timeline.makespan < best.makespan - TOLERANCE_MS:
-            schedule, best = trial, timeline
-    return schedule.renamed("1F1B-capped-RC/OFF")
+    return trade_for_offloads(problem, capped_recompute(problem)).renamed("1F1B-capped-RC/OFF")
