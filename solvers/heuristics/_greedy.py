@@ -35,17 +35,21 @@ the simulator's (same rules: device order, data dependencies, p2p between device
 peak; which variants it tries is what the reference grid showed to matter (KEEP_POLICIES,
 POLICIES). ``_greedy_v`` builds V-shape orders round by round instead (one B and one F per
 device and round, W at real costs), the way the authors' ZB-V generator does.
+
+``greedy_schedule`` reads top-down: lay out the stages (``_Layout``) and the order to keep
+(``_KeptOrder``), then ``_ListRun.schedule`` loops plan (options → timed → fill) and commit;
+what is placed so far, and how placing an op changes it, is ``_placed.Placed``.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
-from optpipe.core.semantics import kept_bytes, lag_ms, stage_ms
 from optpipe.core.simulate import simulate
+
+from ._placed import Placed, StageCosts
 
 __all__ = ["GreedyPolicy", "greedy_schedule", "cost_aware", "POLICIES", "KEEP_POLICIES"]
 
@@ -60,12 +64,6 @@ class GreedyPolicy:
     alternate: bool = False  # after its first B a device prefers F after B and B after F (1F1B's rhythm)
 
 
-
-def _stage_bytes(problem: Problem) -> tuple[list[int], list[int]]:
-    """Per stage, what a kept activation takes at F's start and what W still holds after B."""
-    pairs = [kept_bytes(problem, s) for s in range(problem.stages)]
-    return [taken for taken, _ in pairs], [after_b for _, after_b in pairs]
-
 # The policies that were ever the fastest on the reference grid (tests/test_heuristics_reference.py):
 # with a given order to keep (W placement only, or choosing freely after the warm-up or cool-down
 # starts), and for the free list schedule.
@@ -76,158 +74,194 @@ POLICIES = (GreedyPolicy(True, True), GreedyPolicy(False, True), GreedyPolicy(Fa
 def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
                     keep_order: Schedule | None = None, free_after: str | None = None) -> Schedule | None:
     """The list schedule for ``cap`` bytes per device, or None when it deadlocks or cannot fit."""
-    pipe = problem.pipeline
-    p, m, stages = pipe.devices, pipe.microbatches, pipe.stages
-    last = stages - 1
-    act, keep = _stage_bytes(problem)
-    fwd, bwd, wgt = (stage_ms(problem, kind) for kind in (_F, _B, _W))
-    device_of = [pipe.device_of(s) for s in range(stages)]
-    mine = [sorted(pipe.stages_on(d), reverse=True) for d in range(p)]  # higher stage first
-    entry = [min(pipe.stages_on(d)) for d in range(p)]
-    footprint = [sum(act[s] for s in pipe.stages_on(d)) for d in range(p)]
-    if any(f > cap for f in footprint) and policy.reserve:
+    placed = Placed.empty(problem)
+    layout = _Layout.of(problem, placed.costs)
+    if policy.reserve and any(f > cap for f in layout.footprint):
         return None
+    p = problem.pipeline.devices
+    run = _ListRun(cap, policy, placed, layout, _KeptOrder.of(keep_order, free_after, p),
+                   last_kind=[None] * p, started=[False] * p, reserved=[0] * p)
+    return run.schedule(name)
 
-    f_end: list[dict[int, float]] = [{} for _ in range(stages)]
-    b_end: list[dict[int, float]] = [{} for _ in range(stages)]
-    next_f = [0] * stages
-    next_b = [0] * stages
-    free = [0.0] * p
-    idle = [0.0] * p  # per device, time spent waiting since its first op
-    last_kind: list[OpKind | None] = [None] * p
-    started = [False] * p  # has run a B
-    held = [0] * p
-    reserved = [0] * p
-    waiting: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
-    orders: list[list[Op]] = [[] for _ in range(p)]
 
-    def hop(a: int, b: int) -> float:
-        return lag_ms(problem, a, b)
+@dataclass(frozen=True)
+class _Layout:
+    """Where the stages are, as the list schedule reads it."""
 
-    def ready_of(op: Op):
-        """When ``op``'s input arrives, or None while what it needs is not placed."""
-        s, i = op.stage, op.microbatch
-        if op.kind is _F:
-            if s == 0:
-                return 0.0
-            source, table = s - 1, f_end[s - 1]
-        elif s == last:
-            source, table = s, f_end[s]
-        else:
-            source, table = s + 1, b_end[s + 1]
-        end = table.get(i)
-        return None if end is None else end + hop(source, s)
+    device_of: list[int]  # per stage
+    mine: list[list[int]]  # per device, its stages, higher stage first (closer to the loss)
+    entry: list[int]  # per device, its lowest stage: where a microbatch enters it
+    footprint: list[int]  # per device, one microbatch's activations on all its stages
 
-    def options(d: int):
+    @classmethod
+    def of(cls, problem: Problem, costs: StageCosts) -> _Layout:
+        pipe = problem.pipeline
+        p = pipe.devices
+        return cls([pipe.device_of(s) for s in range(pipe.stages)],
+                   [sorted(pipe.stages_on(d), reverse=True) for d in range(p)],
+                   [min(pipe.stages_on(d)) for d in range(p)],
+                   [sum(costs.act[s] for s in pipe.stages_on(d)) for d in range(p)])
+
+
+@dataclass(frozen=True)
+class _KeptOrder:
+    """With ``keep_order``, each device's F/B order, the position past which it chooses freely
+    (``free_after``), and how far it has got (``cursor``, which only grows)."""
+
+    fixed: list[list[Op]] | None  # None: choose freely from the start
+    switch: list[int]
+    cursor: list[int]
+
+    @classmethod
+    def of(cls, keep_order: Schedule | None, free_after: str | None, p: int) -> _KeptOrder:
+        fixed = None if keep_order is None else [[op for op in ops if op.kind in (_F, _B)]
+                                                 for ops in keep_order.devices]
+        switch = [len(ops) for ops in fixed or [[]] * p]
+        if fixed is not None and free_after == "last F":  # from its cool-down
+            switch = [max((k for k, op in enumerate(ops) if op.kind is _F), default=-1) for ops in fixed]
+        elif fixed is not None and free_after == "first B":  # from its steady state
+            switch = [min((k for k, op in enumerate(ops) if op.kind is _B), default=len(ops)) - 1
+                      for ops in fixed]
+        return cls(fixed, switch, [0] * p)
+
+    def choosing(self, d: int) -> bool:
+        """Whether device ``d`` chooses among all its stages' next F and B (past its kept order)."""
+        return self.fixed is None or self.cursor[d] > self.switch[d]
+
+
+@dataclass(frozen=True)
+class _ListRun:
+    """One run of ``greedy_schedule``: its limits, what is placed, and per device the kind of its
+    last op, whether it has run a B, and (with ``reserve``) the bytes its admitted microbatches
+    will still take."""
+
+    cap: int
+    policy: GreedyPolicy
+    placed: Placed
+    layout: _Layout
+    kept: _KeptOrder
+    last_kind: list[OpKind | None]
+    started: list[bool]
+    reserved: list[int]
+
+    def schedule(self, name: str) -> Schedule | None:
+        """Commit the op that starts first over all devices, one at a time, so that everything
+        that could reach a device earlier is placed before it chooses; None on a deadlock."""
+        placed = self.placed
+        p = len(placed.free)
+        plans = [self.plan(d) for d in range(p)]
+        remaining = 2 * placed.problem.stages * placed.problem.microbatches
+        while remaining:
+            choices = [(pl[0], d) for d, pl in enumerate(plans) if pl is not None]
+            if not choices:
+                return None  # deadlock: every device waits for another
+            start, d = min(choices)
+            _, fills, op = plans[d]
+            self.commit(d, fills, op, start)
+            remaining -= 1
+            for e in self.touched(d, op):
+                plans[e] = self.plan(e)
+        for d in range(p):
+            placed.orders[d].extend(Op(_W, s, i) for s, i in placed.waiting[d])
+        return Schedule.of(name, placed.orders)
+
+    def touched(self, d: int, op: Op) -> set[int]:
+        """The devices whose choice ``op`` on ``d`` can change: ``d``, and the one its output goes to."""
+        touched, s = {d}, op.stage
+        if op.kind is _F and s < len(self.layout.device_of) - 1:
+            touched.add(self.layout.device_of[s + 1])
+        if op.kind is _B and s > 0:
+            touched.add(self.layout.device_of[s - 1])
+        return touched
+
+    def options(self, d: int) -> list[Op]:
         """The F and B device d may run next: its order's next op, or each stage's next F and B."""
-        if fixed is None or cursor[d] > switch[d]:
-            return [Op(kind, s, i) for s in mine[d] for kind, i in ((_B, next_b[s]), (_F, next_f[s]))
+        placed, kept, m = self.placed, self.kept, self.placed.problem.microbatches
+        next_f, next_b = placed.next_f, placed.next_b
+        if kept.choosing(d):
+            return [Op(kind, s, i) for s in self.layout.mine[d] for kind, i in ((_B, next_b[s]), (_F, next_f[s]))
                     if i < (next_f[s] if kind is _B else m)]
-        if cursor[d] >= len(fixed[d]):
+        if kept.cursor[d] >= len(kept.fixed[d]):
             return []
-        op = fixed[d][cursor[d]]
+        op = kept.fixed[d][kept.cursor[d]]
         in_turn = op.microbatch == (next_f if op.kind is _F else next_b)[op.stage]
         return [op] if in_turn and (op.kind is _F or op.microbatch < next_f[op.stage]) else []
 
-    def plan(d: int):
+    def plan(self, d: int) -> tuple[float, int, Op] | None:
         """(start, Ws to run first, op) for device d, or None while it has nothing it can run."""
-        known = []
-        for op in options(d):
-            s = op.stage
-            ready = ready_of(op)
-            if ready is None:
-                continue
-            forced, t = 0, free[d]
-            if op.kind is _F:
-                need = act[s]
-                if policy.reserve:
-                    need = reserved[d] + footprint[d] if s == entry[d] else 0
-                room = held[d]
-                while room + need > cap and forced < len(waiting[d]):
-                    ws, _ = waiting[d][forced]
-                    room -= keep[ws]
-                    t += wgt[ws]
-                    forced += 1
-                if room + need > cap:
-                    continue
-            known.append((max(t, ready), 0 if op.kind is _B else 1, -s, ready, forced, op))
+        known = [k for k in (self.timed(d, op) for op in self.options(d)) if k is not None]
         if not known:
             return None
-        if policy.alternate and started[d]:
-            turn = [k for k in known if (k[-1].kind is _F) == (last_kind[d] is _B)]
+        if self.policy.alternate and self.started[d]:
+            turn = [k for k in known if (k[-1].kind is _F) == (self.last_kind[d] is _B)]
             known = turn or known
         *_, ready, forced, op = min(known)
-        t = free[d] + sum(wgt[waiting[d][k][0]] for k in range(forced))
+        t, fills = self.fill(d, ready, forced)
+        return (max(t, ready), fills, op)
+
+    def timed(self, d: int, op: Op) -> tuple | None:
+        """``op`` as a candidate on ``d``, as a key that sorts what starts first first (ties: B, then
+        the higher stage), ending in its input's arrival, the Ws that must run first to make room
+        for an F, and ``op``; None while its input is not placed or an F cannot fit."""
+        placed, s = self.placed, op.stage
+        ready = placed.arrival(op.kind, s, op.microbatch)
+        if ready is None:
+            return None
+        forced, t = 0, placed.free[d]
+        if op.kind is _F:
+            need = placed.costs.act[s]
+            if self.policy.reserve:
+                need = self.reserved[d] + self.layout.footprint[d] if s == self.layout.entry[d] else 0
+            room = placed.held[d]
+            waiting = placed.waiting[d]
+            while room + need > self.cap and forced < len(waiting):
+                ws, _ = waiting[forced]
+                room -= placed.costs.keep[ws]
+                t += placed.costs.wgt[ws]
+                forced += 1
+            if room + need > self.cap:
+                return None
+        return (max(t, ready), 0 if op.kind is _B else 1, -s, ready, forced, op)
+
+    def fill(self, d: int, ready: float, forced: int) -> tuple[float, int]:
+        """(when device d is free, how many waiting Ws it runs) before an op whose input arrives at
+        ``ready``: the ``forced`` ones, then those that end before ``ready`` or, by the policy, that
+        shorten the gap."""
+        placed, policy = self.placed, self.policy
+        waiting, wgt, free, idle = placed.waiting[d], placed.costs.wgt, placed.free[d], placed.idle
+        t = self.after_ws(d, forced)
         fills = forced
-        while fills < len(waiting[d]):
-            took = wgt[waiting[d][fills][0]]
-            over = t - free[d] + idle[d] + ready - t > max(idle)  # waiting makes d the idlest device
+        while fills < len(waiting):
+            took = wgt[waiting[fills][0]]
+            over = t - free + idle[d] + ready - t > max(idle)  # waiting makes d the idlest device
             if t + took <= ready or (policy.partial and t < ready and (over or not policy.budget)):
                 t += took
                 fills += 1
             else:
                 break
-        return (max(t, ready), fills, op)
+        return t, fills
 
-    def commit(d: int, fills: int, op: Op, start: float) -> None:
-        t = free[d] + sum(wgt[waiting[d][k][0]] for k in range(fills))
-        if orders[d]:
-            idle[d] += start - t
+    def after_ws(self, d: int, n: int) -> float:
+        """When device d is free after its first ``n`` waiting Ws."""
+        placed = self.placed
+        return placed.free[d] + sum(placed.costs.wgt[placed.waiting[d][k][0]] for k in range(n))
+
+    def commit(self, d: int, fills: int, op: Op, start: float) -> None:
+        """Run ``fills`` waiting Ws and then ``op`` at ``start`` on device d."""
+        placed = self.placed
+        t = self.after_ws(d, fills)
+        if placed.orders[d]:
+            placed.idle[d] += start - t
         for _ in range(fills):
-            s, i = waiting[d].popleft()
-            orders[d].append(Op(_W, s, i))
-            held[d] -= keep[s]
-        s, i = op.stage, op.microbatch
-        orders[d].append(op)
-        cursor[d] += 1
-        last_kind[d] = op.kind
-        started[d] = started[d] or op.kind is _B
-        if op.kind is _F:
-            end = start + fwd[s]
-            f_end[s][i] = end
-            next_f[s] += 1
-            held[d] += act[s]
-            if policy.reserve:
-                if s == entry[d]:
-                    reserved[d] += footprint[d]
-                reserved[d] -= act[s]
-        else:
-            end = start + bwd[s]
-            b_end[s][i] = end
-            next_b[s] += 1
-            held[d] -= act[s] - keep[s]
-            waiting[d].append((s, i))
-        free[d] = end
-
-    fixed = None if keep_order is None else [[op for op in ops if op.kind in (_F, _B)] for ops in keep_order.devices]
-    cursor = [0] * p
-    switch = [len(ops) for ops in fixed or [[]] * p]  # past this position in the order, choose freely
-    if fixed is not None and free_after == "last F":
-        switch = [max((k for k, op in enumerate(ops) if op.kind is _F), default=-1) for ops in fixed]
-    elif fixed is not None and free_after == "first B":
-        switch = [min((k for k, op in enumerate(ops) if op.kind is _B), default=len(ops)) - 1 for ops in fixed]
-    plans = [plan(d) for d in range(p)]
-    remaining = 2 * stages * m
-    while remaining:
-        choices = [(pl[0], d) for d, pl in enumerate(plans) if pl is not None]
-        if not choices:
-            return None  # deadlock: every device waits for another
-        start, d = min(choices)
-        _, fills, op = plans[d]
-        commit(d, fills, op, start)
-        remaining -= 1
-        touched = {d}
-        s = op.stage
-        if op.kind is _F and s < last:
-            touched.add(device_of[s + 1])
-        if op.kind is _B and s > 0:
-            touched.add(device_of[s - 1])
-        for e in touched:
-            plans[e] = plan(e)
-    for d in range(p):
-        orders[d].extend(Op(_W, s, i) for s, i in waiting[d])
-    return Schedule.of(name, orders)
-
+            placed.pop_w(d)
+        placed.place(d, op, start)
+        self.kept.cursor[d] += 1
+        self.last_kind[d] = op.kind
+        self.started[d] = self.started[d] or op.kind is _B
+        if op.kind is _F and self.policy.reserve:
+            if op.stage == self.layout.entry[d]:
+                self.reserved[d] += self.layout.footprint[d]
+            self.reserved[d] -= placed.costs.act[op.stage]
 
 
 def _uniform(problem: Problem) -> bool:

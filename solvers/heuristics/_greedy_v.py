@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 
 from optpipe.core.problem import Costs, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
-from optpipe.core.semantics import lag_ms, stage_ms
+from optpipe.core.semantics import lag_ms
 from optpipe.core.simulate import simulate
 
-from ._greedy import _stage_bytes
+from ._placed import StageCosts
 
 __all__ = ["RoundPolicy", "ROUND_POLICIES", "v_rounds", "cost_aware_v"]
 
@@ -69,8 +69,8 @@ def v_rounds(name: str, problem: Problem, cap: int, warmup: Schedule, policy: Ro
     pipe = problem.pipeline
     p, m, stages = pipe.devices, pipe.microbatches, pipe.stages
     last = stages - 1
-    act, keep = _stage_bytes(problem)
-    fwd, bwd, wgt = (stage_ms(problem, kind) for kind in (_F, _B, _W))
+    costs = StageCosts.of(problem)
+    act, keep, fwd, bwd, wgt = costs.act, costs.keep, costs.fwd, costs.bwd, costs.wgt
     low = list(range(p))  # chunk 0 of device d: stage d; chunk 1: stage 2p-1-d
     high = [2 * p - 1 - d for d in range(p)]
     f_end: list[dict[int, float]] = [{} for _ in range(stages)]
