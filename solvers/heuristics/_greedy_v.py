@@ -5,24 +5,24 @@ F = B = W and p2p = 0. ``v_rounds`` keeps a block schedule's warm-up and memory 
 the rest in rounds: one B and then one F per device and round, as in the blocks' steady state,
 but which chunk's B and F, and where the Ws go, is decided with the real per-stage costs.
 ``cost_aware_v`` runs it with every ROUND_POLICIES, on the real and on the stage-averaged costs,
-and keeps the fastest within the cap.
+and keeps the fastest within the cap. What is placed so far is ``_placed.Placed``, shared with
+the list schedule of ``_greedy``.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, replace
+from itertools import takewhile
 
 from optpipe.core.problem import Costs, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
-from optpipe.core.semantics import lag_ms
 from optpipe.core.simulate import simulate
 
-from ._placed import StageCosts
+from ._placed import Placed
 
 __all__ = ["RoundPolicy", "ROUND_POLICIES", "v_rounds", "cost_aware_v"]
 
-_F, _B, _W = OpKind.F, OpKind.B, OpKind.W
+_F, _B = OpKind.F, OpKind.B
 
 
 @dataclass(frozen=True)
@@ -66,150 +66,156 @@ def v_rounds(name: str, problem: Problem, cap: int, warmup: Schedule, policy: Ro
     averaged over stages, as the authors' generator sees them, which on uneven stages sometimes
     decides better. O(ops): quick at any size.
     """
-    pipe = problem.pipeline
-    p, m, stages = pipe.devices, pipe.microbatches, pipe.stages
-    last = stages - 1
-    costs = StageCosts.of(problem)
-    act, keep, fwd, bwd, wgt = costs.act, costs.keep, costs.fwd, costs.bwd, costs.wgt
-    low = list(range(p))  # chunk 0 of device d: stage d; chunk 1: stage 2p-1-d
-    high = [2 * p - 1 - d for d in range(p)]
-    f_end: list[dict[int, float]] = [{} for _ in range(stages)]
-    b_end: list[dict[int, float]] = [{} for _ in range(stages)]
-    next_f = [0] * stages
-    next_b = [0] * stages
-    free = [0.0] * p
-    idle = [0.0] * p
-    held = [0] * p
-    waiting: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
-    orders: list[list[Op]] = [[] for _ in range(p)]
-
-    def ready_of(kind: OpKind, s: int) -> float | None:
-        i = (next_f if kind is _F else next_b)[s]
-        if i >= m or (kind is _B and i >= next_f[s]):
-            return None
-        if kind is _F:
-            if s == 0:
-                return 0.0
-            end = f_end[s - 1].get(i)
-            source = s - 1
-        elif s == last:
-            end, source = f_end[s].get(i), s
-        else:
-            end, source = b_end[s + 1].get(i), s + 1
-        if end is None:
-            return None
-        return end + lag_ms(problem, source, s)
-
-    def run_w(d: int) -> None:
-        s, i = waiting[d].popleft()
-        orders[d].append(Op(_W, s, i))
-        free[d] += wgt[s]
-        held[d] -= keep[s]
-
-    def fill(d: int, ready: float, extra: bool) -> None:
-        while waiting[d] and free[d] + wgt[waiting[d][0][0]] <= ready:
-            run_w(d)
-        if extra and waiting[d] and ready - free[d] > max(idle) - idle[d]:
-            run_w(d)
-
-    def run(d: int, kind: OpKind, s: int, ready: float) -> None:
-        i = (next_f if kind is _F else next_b)[s]
-        start = max(free[d], ready)
-        if orders[d]:
-            idle[d] += start - free[d]
-        end = start + (fwd if kind is _F else bwd)[s]
-        orders[d].append(Op(kind, s, i))
-        free[d] = end
-        if kind is _F:
-            f_end[s][i] = end
-            next_f[s] += 1
-            held[d] += act[s]
-        else:
-            b_end[s][i] = end
-            next_b[s] += 1
-            held[d] -= act[s] - keep[s]
-            waiting[d].append((s, i))
-
-    def run_f(d: int, s: int, extra: bool) -> bool:
-        ready = ready_of(_F, s)
-        if ready is None:
-            return False
-        while held[d] + act[s] > cap and waiting[d]:
-            run_w(d)
-        if held[d] + act[s] > cap:
-            return False
-        fill(d, ready, extra)
-        run(d, _F, s, ready)
-        return True
-
-    # Warm-up: each device's forwards before its first B, placed as their inputs are placed.
-    heads = []
-    for ops in warmup.devices:
-        head = []
-        for op in ops:
-            if op.kind is not _F:
-                break
-            head.append(op)
-        heads.append(head)
-    position = [0] * p
-    progress = True
-    while progress:
-        progress = False
-        for d in range(p):
-            while position[d] < len(heads[d]):
-                op = heads[d][position[d]]
-                if op.microbatch != next_f[op.stage] or not run_f(d, op.stage, False):
-                    break
-                position[d] += 1
-                progress = True
-    if any(position[d] < len(heads[d]) for d in range(p)):
+    rounds = _Rounds(cap, policy, Placed.empty(problem))
+    if not rounds.warm_up(warmup):
         return None
+    while not rounds.done():
+        took_b = rounds.backwards()
+        took_f = rounds.forwards()
+        if not (took_b or took_f):
+            return None
+    return rounds.drained(name)
 
-    total_b = stages * m
-    placed_b = sum(next_b)
-    while placed_b < total_b or any(next_f[s] < m for s in range(stages)):
-        # One B per device, decided on what was placed before this round: the first chunk's
-        # (older microbatch, on the way out of the pipeline) when its gradient is there, unless
-        # the policy says otherwise; else the second chunk's. The first chunks' gradients run
-        # back up the V (device p-1 first), the second chunks' down it (device 0 first).
-        low_b: list[int] = []
-        for d in range(p):
-            lo_ready = ready_of(_B, low[d])
-            if lo_ready is None:
-                continue
-            if policy.b_by_ready:
-                hi_ready = ready_of(_B, high[d])
-                if hi_ready is not None and hi_ready < lo_ready:
-                    continue
-            low_b.append(d)
+
+@dataclass(frozen=True)
+class _Rounds:
+    """One run of ``v_rounds``. Device d holds two chunks: stage d (the first, ``low``) and stage
+    2p-1-d (the second, ``high``)."""
+
+    cap: int
+    policy: RoundPolicy
+    placed: Placed
+
+    @property
+    def devices(self) -> range:
+        return range(self.placed.problem.pipeline.devices)
+
+    def low(self, d: int) -> int:
+        return d
+
+    def high(self, d: int) -> int:
+        return 2 * len(self.devices) - 1 - d
+
+    def done(self) -> bool:
+        """Whether every F and B is placed."""
+        m, placed = self.placed.problem.microbatches, self.placed
+        return sum(placed.next_b) >= len(placed.next_b) * m and all(i >= m for i in placed.next_f)
+
+    def ready(self, kind: OpKind, s: int) -> float | None:
+        """When the input of stage ``s``'s next ``kind`` arrives, or None while there is none to
+        run (all placed, or a B before its F) or its input is not placed."""
+        placed = self.placed
+        i = (placed.next_f if kind is _F else placed.next_b)[s]
+        if i >= placed.problem.microbatches or (kind is _B and i >= placed.next_f[s]):
+            return None
+        return placed.arrival(kind, s, i)
+
+    def warm_up(self, warmup: Schedule) -> bool:
+        """Place each device's forwards before its first B in ``warmup``, as their inputs are
+        placed; False when some cannot be (under the cap)."""
+        heads = [list(takewhile(lambda op: op.kind is _F, ops)) for ops in warmup.devices]
+        position = [0] * len(heads)
+        progress = True
+        while progress:
+            progress = False
+            for d in self.devices:
+                while position[d] < len(heads[d]):
+                    op = heads[d][position[d]]
+                    if op.microbatch != self.placed.next_f[op.stage] or not self.run_f(d, op.stage, False):
+                        break
+                    position[d] += 1
+                    progress = True
+        return all(position[d] == len(heads[d]) for d in self.devices)
+
+    def backwards(self) -> bool:
+        """One B per device, decided on what was placed before this round: the first chunk's (older
+        microbatch, on the way out of the pipeline) when its gradient is there, unless the policy
+        says otherwise; else the second chunk's. The first chunks' gradients run back up the V
+        (device p-1 first), the second chunks' down it (device 0 first). Whether any B ran."""
+        low_b = [d for d in self.devices if self.takes_low_b(d)]
         moved = False
         for d in reversed(low_b):
-            ready = ready_of(_B, low[d])
-            fill(d, ready, policy.idle_b)
-            run(d, _B, low[d], ready)
+            self.run_b(d, self.low(d), self.ready(_B, self.low(d)))
             moved = True
-        took_low = set(low_b)
-        for d in range(p):
-            if d in took_low:
+        for d in self.devices:
+            if d in low_b:
                 continue
-            ready = ready_of(_B, high[d])
+            ready = self.ready(_B, self.high(d))
             if ready is not None:
-                fill(d, ready, policy.idle_b)
-                run(d, _B, high[d], ready)
+                self.run_b(d, self.high(d), ready)
                 moved = True
-        placed_b = sum(next_b)
-        # One F per device: the second chunk's when its input is there, else the first chunk's.
-        for d in range(p):
-            if ready_of(_F, high[d]) is not None:
-                moved = run_f(d, high[d], policy.idle_f) or moved
-            elif ready_of(_F, low[d]) is not None:
-                moved = run_f(d, low[d], policy.idle_f) or moved
-        if not moved:
-            return None
-    for d in range(p):
-        while waiting[d]:
-            run_w(d)
-    return Schedule.of(name, orders)
+        return moved
+
+    def takes_low_b(self, d: int) -> bool:
+        """Whether device d's B this round is its first chunk's."""
+        lo_ready = self.ready(_B, self.low(d))
+        if lo_ready is None:
+            return False
+        if self.policy.b_by_ready:
+            hi_ready = self.ready(_B, self.high(d))
+            if hi_ready is not None and hi_ready < lo_ready:
+                return False
+        return True
+
+    def forwards(self) -> bool:
+        """One F per device: the second chunk's when its input is there, else the first chunk's.
+        Whether any F ran."""
+        moved = False
+        for d in self.devices:
+            if self.ready(_F, self.high(d)) is not None:
+                moved = self.run_f(d, self.high(d), self.policy.idle_f) or moved
+            elif self.ready(_F, self.low(d)) is not None:
+                moved = self.run_f(d, self.low(d), self.policy.idle_f) or moved
+        return moved
+
+    def run_b(self, d: int, s: int, ready: float) -> None:
+        self.fill(d, ready, self.policy.idle_b)
+        self.run(d, _B, s, ready)
+
+    def run_f(self, d: int, s: int, extra: bool) -> bool:
+        """Run stage s's next F on device d, first running as many waiting Ws as the cap needs to
+        make room; False when its input is not there or it cannot fit."""
+        placed = self.placed
+        ready = self.ready(_F, s)
+        if ready is None:
+            return False
+        while placed.held[d] + placed.costs.act[s] > self.cap and placed.waiting[d]:
+            self.run_w(d)
+        if placed.held[d] + placed.costs.act[s] > self.cap:
+            return False
+        self.fill(d, ready, extra)
+        self.run(d, _F, s, ready)
+        return True
+
+    def fill(self, d: int, ready: float, extra: bool) -> None:
+        """Run the waiting Ws that end before ``ready``; with ``extra`` one more when waiting would
+        leave device d idle longer than the idlest device so far."""
+        placed = self.placed
+        waiting, free, idle = placed.waiting[d], placed.free, placed.idle
+        while waiting and free[d] + placed.costs.wgt[waiting[0][0]] <= ready:
+            self.run_w(d)
+        if extra and waiting and ready - free[d] > max(idle) - idle[d]:
+            self.run_w(d)
+
+    def run_w(self, d: int) -> None:
+        s = self.placed.pop_w(d)
+        self.placed.free[d] += self.placed.costs.wgt[s]
+
+    def run(self, d: int, kind: OpKind, s: int, ready: float) -> None:
+        """Run stage s's next ``kind`` on device d as soon as both are ready."""
+        placed = self.placed
+        i = (placed.next_f if kind is _F else placed.next_b)[s]
+        start = max(placed.free[d], ready)
+        if placed.orders[d]:
+            placed.idle[d] += start - placed.free[d]
+        placed.place(d, Op(kind, s, i), start)
+
+    def drained(self, name: str) -> Schedule:
+        """The schedule, once the Ws still waiting have run at the end."""
+        for d in self.devices:
+            while self.placed.waiting[d]:
+                self.run_w(d)
+        return Schedule.of(name, self.placed.orders)
 
 
 def cost_aware_v(problem: Problem, base: Schedule, warmup: Schedule, cap: int) -> Schedule:
