@@ -24,7 +24,7 @@ ROWS = [row for row in DATA["rows"] if row["makespan"] is not None]
 
 # (schedule, mix, p, m) -> allowed ours / reference makespan: none is left. ZBV's gap (the authors' zbv.py
 # re-decides the steady state's F/B order with real costs) closed with the round-based construction
-# (_greedy.v_rounds), V-Min's (one slot when 3 divides p) with squeezing between the reordering passes
+# (_greedy_v.v_rounds), V-Min's (one slot when 3 divides p) with squeezing between the reordering passes
 # (_vshape_blocks.Reorder.squeeze), as the authors' zbv_greedy.py does.
 SHORTFALLS: dict[tuple[str, str, int, int], float] = {}
 

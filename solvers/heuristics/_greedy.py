@@ -33,22 +33,25 @@ everything that could reach it earlier has been placed: the times computed here 
 the simulator's (same rules: device order, data dependencies, p2p between devices).
 ``cost_aware`` runs these variants next to a paper's schedule and keeps the fastest within its
 peak; which variants it tries is what the reference grid showed to matter (KEEP_POLICIES,
-POLICIES). ``v_rounds`` / ``cost_aware_v`` build V-shape orders round by round instead (one B
-and one F per device and round, W at real costs), the way the authors' ZB-V generator does.
+POLICIES). ``_greedy_v`` builds V-shape orders round by round instead (one B and one F per
+device and round, W at real costs), the way the authors' ZB-V generator does.
+
+``greedy_schedule`` reads top-down: lay out the stages (``_Layout``) and the order to keep
+(``_KeptOrder``), then ``_ListRun.schedule`` loops plan (options → timed → fill) and commit;
+what is placed so far, and how placing an op changes it, is ``_placed.Placed``.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from optpipe.core.problem import Costs, Problem
+from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
-from optpipe.core.semantics import kept_bytes, lag_ms, stage_ms
 from optpipe.core.simulate import simulate
 
-__all__ = ["GreedyPolicy", "greedy_schedule", "cost_aware", "POLICIES", "KEEP_POLICIES", "RoundPolicy",
-           "ROUND_POLICIES", "v_rounds", "cost_aware_v"]
+from ._placed import Placed, StageCosts
+
+__all__ = ["GreedyPolicy", "greedy_schedule", "cost_aware", "POLICIES", "KEEP_POLICIES"]
 
 _F, _B, _W = OpKind.F, OpKind.B, OpKind.W
 
@@ -61,12 +64,6 @@ class GreedyPolicy:
     alternate: bool = False  # after its first B a device prefers F after B and B after F (1F1B's rhythm)
 
 
-
-def _stage_bytes(problem: Problem) -> tuple[list[int], list[int]]:
-    """Per stage, what a kept activation takes at F's start and what W still holds after B."""
-    pairs = [kept_bytes(problem, s) for s in range(problem.stages)]
-    return [taken for taken, _ in pairs], [after_b for _, after_b in pairs]
-
 # The policies that were ever the fastest on the reference grid (tests/test_heuristics_reference.py):
 # with a given order to keep (W placement only, or choosing freely after the warm-up or cool-down
 # starts), and for the free list schedule.
@@ -77,158 +74,194 @@ POLICIES = (GreedyPolicy(True, True), GreedyPolicy(False, True), GreedyPolicy(Fa
 def greedy_schedule(name: str, problem: Problem, cap: int, policy: GreedyPolicy,
                     keep_order: Schedule | None = None, free_after: str | None = None) -> Schedule | None:
     """The list schedule for ``cap`` bytes per device, or None when it deadlocks or cannot fit."""
-    pipe = problem.pipeline
-    p, m, stages = pipe.devices, pipe.microbatches, pipe.stages
-    last = stages - 1
-    act, keep = _stage_bytes(problem)
-    fwd, bwd, wgt = (stage_ms(problem, kind) for kind in (_F, _B, _W))
-    device_of = [pipe.device_of(s) for s in range(stages)]
-    mine = [sorted(pipe.stages_on(d), reverse=True) for d in range(p)]  # higher stage first
-    entry = [min(pipe.stages_on(d)) for d in range(p)]
-    footprint = [sum(act[s] for s in pipe.stages_on(d)) for d in range(p)]
-    if any(f > cap for f in footprint) and policy.reserve:
+    placed = Placed.empty(problem)
+    layout = _Layout.of(problem, placed.costs)
+    if policy.reserve and any(f > cap for f in layout.footprint):
         return None
+    p = problem.pipeline.devices
+    run = _ListRun(cap, policy, placed, layout, _KeptOrder.of(keep_order, free_after, p),
+                   last_kind=[None] * p, started=[False] * p, reserved=[0] * p)
+    return run.schedule(name)
 
-    f_end: list[dict[int, float]] = [{} for _ in range(stages)]
-    b_end: list[dict[int, float]] = [{} for _ in range(stages)]
-    next_f = [0] * stages
-    next_b = [0] * stages
-    free = [0.0] * p
-    idle = [0.0] * p  # per device, time spent waiting since its first op
-    last_kind: list[OpKind | None] = [None] * p
-    started = [False] * p  # has run a B
-    held = [0] * p
-    reserved = [0] * p
-    waiting: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
-    orders: list[list[Op]] = [[] for _ in range(p)]
 
-    def hop(a: int, b: int) -> float:
-        return lag_ms(problem, a, b)
+@dataclass(frozen=True)
+class _Layout:
+    """Where the stages are, as the list schedule reads it."""
 
-    def ready_of(op: Op):
-        """When ``op``'s input arrives, or None while what it needs is not placed."""
-        s, i = op.stage, op.microbatch
-        if op.kind is _F:
-            if s == 0:
-                return 0.0
-            source, table = s - 1, f_end[s - 1]
-        elif s == last:
-            source, table = s, f_end[s]
-        else:
-            source, table = s + 1, b_end[s + 1]
-        end = table.get(i)
-        return None if end is None else end + hop(source, s)
+    device_of: list[int]  # per stage
+    mine: list[list[int]]  # per device, its stages, higher stage first (closer to the loss)
+    entry: list[int]  # per device, its lowest stage: where a microbatch enters it
+    footprint: list[int]  # per device, one microbatch's activations on all its stages
 
-    def options(d: int):
+    @classmethod
+    def of(cls, problem: Problem, costs: StageCosts) -> _Layout:
+        pipe = problem.pipeline
+        p = pipe.devices
+        return cls([pipe.device_of(s) for s in range(pipe.stages)],
+                   [sorted(pipe.stages_on(d), reverse=True) for d in range(p)],
+                   [min(pipe.stages_on(d)) for d in range(p)],
+                   [sum(costs.act[s] for s in pipe.stages_on(d)) for d in range(p)])
+
+
+@dataclass(frozen=True)
+class _KeptOrder:
+    """With ``keep_order``, each device's F/B order, the position past which it chooses freely
+    (``free_after``), and how far it has got (``cursor``, which only grows)."""
+
+    fixed: list[list[Op]] | None  # None: choose freely from the start
+    switch: list[int]
+    cursor: list[int]
+
+    @classmethod
+    def of(cls, keep_order: Schedule | None, free_after: str | None, p: int) -> _KeptOrder:
+        fixed = None if keep_order is None else [[op for op in ops if op.kind in (_F, _B)]
+                                                 for ops in keep_order.devices]
+        switch = [len(ops) for ops in fixed or [[]] * p]
+        if fixed is not None and free_after == "last F":  # from its cool-down
+            switch = [max((k for k, op in enumerate(ops) if op.kind is _F), default=-1) for ops in fixed]
+        elif fixed is not None and free_after == "first B":  # from its steady state
+            switch = [min((k for k, op in enumerate(ops) if op.kind is _B), default=len(ops)) - 1
+                      for ops in fixed]
+        return cls(fixed, switch, [0] * p)
+
+    def choosing(self, d: int) -> bool:
+        """Whether device ``d`` chooses among all its stages' next F and B (past its kept order)."""
+        return self.fixed is None or self.cursor[d] > self.switch[d]
+
+
+@dataclass(frozen=True)
+class _ListRun:
+    """One run of ``greedy_schedule``: its limits, what is placed, and per device the kind of its
+    last op, whether it has run a B, and (with ``reserve``) the bytes its admitted microbatches
+    will still take."""
+
+    cap: int
+    policy: GreedyPolicy
+    placed: Placed
+    layout: _Layout
+    kept: _KeptOrder
+    last_kind: list[OpKind | None]
+    started: list[bool]
+    reserved: list[int]
+
+    def schedule(self, name: str) -> Schedule | None:
+        """Commit the op that starts first over all devices, one at a time, so that everything
+        that could reach a device earlier is placed before it chooses; None on a deadlock."""
+        placed = self.placed
+        p = len(placed.free)
+        plans = [self.plan(d) for d in range(p)]
+        remaining = 2 * placed.problem.stages * placed.problem.microbatches
+        while remaining:
+            choices = [(pl[0], d) for d, pl in enumerate(plans) if pl is not None]
+            if not choices:
+                return None  # deadlock: every device waits for another
+            start, d = min(choices)
+            _, fills, op = plans[d]
+            self.commit(d, fills, op, start)
+            remaining -= 1
+            for e in self.touched(d, op):
+                plans[e] = self.plan(e)
+        for d in range(p):
+            placed.orders[d].extend(Op(_W, s, i) for s, i in placed.waiting[d])
+        return Schedule.of(name, placed.orders)
+
+    def touched(self, d: int, op: Op) -> set[int]:
+        """The devices whose choice ``op`` on ``d`` can change: ``d``, and the one its output goes to."""
+        touched, s = {d}, op.stage
+        if op.kind is _F and s < len(self.layout.device_of) - 1:
+            touched.add(self.layout.device_of[s + 1])
+        if op.kind is _B and s > 0:
+            touched.add(self.layout.device_of[s - 1])
+        return touched
+
+    def options(self, d: int) -> list[Op]:
         """The F and B device d may run next: its order's next op, or each stage's next F and B."""
-        if fixed is None or cursor[d] > switch[d]:
-            return [Op(kind, s, i) for s in mine[d] for kind, i in ((_B, next_b[s]), (_F, next_f[s]))
+        placed, kept, m = self.placed, self.kept, self.placed.problem.microbatches
+        next_f, next_b = placed.next_f, placed.next_b
+        if kept.choosing(d):
+            return [Op(kind, s, i) for s in self.layout.mine[d] for kind, i in ((_B, next_b[s]), (_F, next_f[s]))
                     if i < (next_f[s] if kind is _B else m)]
-        if cursor[d] >= len(fixed[d]):
+        if kept.cursor[d] >= len(kept.fixed[d]):
             return []
-        op = fixed[d][cursor[d]]
+        op = kept.fixed[d][kept.cursor[d]]
         in_turn = op.microbatch == (next_f if op.kind is _F else next_b)[op.stage]
         return [op] if in_turn and (op.kind is _F or op.microbatch < next_f[op.stage]) else []
 
-    def plan(d: int):
+    def plan(self, d: int) -> tuple[float, int, Op] | None:
         """(start, Ws to run first, op) for device d, or None while it has nothing it can run."""
-        known = []
-        for op in options(d):
-            s = op.stage
-            ready = ready_of(op)
-            if ready is None:
-                continue
-            forced, t = 0, free[d]
-            if op.kind is _F:
-                need = act[s]
-                if policy.reserve:
-                    need = reserved[d] + footprint[d] if s == entry[d] else 0
-                room = held[d]
-                while room + need > cap and forced < len(waiting[d]):
-                    ws, _ = waiting[d][forced]
-                    room -= keep[ws]
-                    t += wgt[ws]
-                    forced += 1
-                if room + need > cap:
-                    continue
-            known.append((max(t, ready), 0 if op.kind is _B else 1, -s, ready, forced, op))
+        known = [k for k in (self.timed(d, op) for op in self.options(d)) if k is not None]
         if not known:
             return None
-        if policy.alternate and started[d]:
-            turn = [k for k in known if (k[-1].kind is _F) == (last_kind[d] is _B)]
+        if self.policy.alternate and self.started[d]:
+            turn = [k for k in known if (k[-1].kind is _F) == (self.last_kind[d] is _B)]
             known = turn or known
         *_, ready, forced, op = min(known)
-        t = free[d] + sum(wgt[waiting[d][k][0]] for k in range(forced))
+        t, fills = self.fill(d, ready, forced)
+        return (max(t, ready), fills, op)
+
+    def timed(self, d: int, op: Op) -> tuple | None:
+        """``op`` as a candidate on ``d``, as a key that sorts what starts first first (ties: B, then
+        the higher stage), ending in its input's arrival, the Ws that must run first to make room
+        for an F, and ``op``; None while its input is not placed or an F cannot fit."""
+        placed, s = self.placed, op.stage
+        ready = placed.arrival(op.kind, s, op.microbatch)
+        if ready is None:
+            return None
+        forced, t = 0, placed.free[d]
+        if op.kind is _F:
+            need = placed.costs.act[s]
+            if self.policy.reserve:
+                need = self.reserved[d] + self.layout.footprint[d] if s == self.layout.entry[d] else 0
+            room = placed.held[d]
+            waiting = placed.waiting[d]
+            while room + need > self.cap and forced < len(waiting):
+                ws, _ = waiting[forced]
+                room -= placed.costs.keep[ws]
+                t += placed.costs.wgt[ws]
+                forced += 1
+            if room + need > self.cap:
+                return None
+        return (max(t, ready), 0 if op.kind is _B else 1, -s, ready, forced, op)
+
+    def fill(self, d: int, ready: float, forced: int) -> tuple[float, int]:
+        """(when device d is free, how many waiting Ws it runs) before an op whose input arrives at
+        ``ready``: the ``forced`` ones, then those that end before ``ready`` or, by the policy, that
+        shorten the gap."""
+        placed, policy = self.placed, self.policy
+        waiting, wgt, free, idle = placed.waiting[d], placed.costs.wgt, placed.free[d], placed.idle
+        t = self.after_ws(d, forced)
         fills = forced
-        while fills < len(waiting[d]):
-            took = wgt[waiting[d][fills][0]]
-            over = t - free[d] + idle[d] + ready - t > max(idle)  # waiting makes d the idlest device
+        while fills < len(waiting):
+            took = wgt[waiting[fills][0]]
+            over = t - free + idle[d] + ready - t > max(idle)  # waiting makes d the idlest device
             if t + took <= ready or (policy.partial and t < ready and (over or not policy.budget)):
                 t += took
                 fills += 1
             else:
                 break
-        return (max(t, ready), fills, op)
+        return t, fills
 
-    def commit(d: int, fills: int, op: Op, start: float) -> None:
-        t = free[d] + sum(wgt[waiting[d][k][0]] for k in range(fills))
-        if orders[d]:
-            idle[d] += start - t
+    def after_ws(self, d: int, n: int) -> float:
+        """When device d is free after its first ``n`` waiting Ws."""
+        placed = self.placed
+        return placed.free[d] + sum(placed.costs.wgt[placed.waiting[d][k][0]] for k in range(n))
+
+    def commit(self, d: int, fills: int, op: Op, start: float) -> None:
+        """Run ``fills`` waiting Ws and then ``op`` at ``start`` on device d."""
+        placed = self.placed
+        t = self.after_ws(d, fills)
+        if placed.orders[d]:
+            placed.idle[d] += start - t
         for _ in range(fills):
-            s, i = waiting[d].popleft()
-            orders[d].append(Op(_W, s, i))
-            held[d] -= keep[s]
-        s, i = op.stage, op.microbatch
-        orders[d].append(op)
-        cursor[d] += 1
-        last_kind[d] = op.kind
-        started[d] = started[d] or op.kind is _B
-        if op.kind is _F:
-            end = start + fwd[s]
-            f_end[s][i] = end
-            next_f[s] += 1
-            held[d] += act[s]
-            if policy.reserve:
-                if s == entry[d]:
-                    reserved[d] += footprint[d]
-                reserved[d] -= act[s]
-        else:
-            end = start + bwd[s]
-            b_end[s][i] = end
-            next_b[s] += 1
-            held[d] -= act[s] - keep[s]
-            waiting[d].append((s, i))
-        free[d] = end
-
-    fixed = None if keep_order is None else [[op for op in ops if op.kind in (_F, _B)] for ops in keep_order.devices]
-    cursor = [0] * p
-    switch = [len(ops) for ops in fixed or [[]] * p]  # past this position in the order, choose freely
-    if fixed is not None and free_after == "last F":
-        switch = [max((k for k, op in enumerate(ops) if op.kind is _F), default=-1) for ops in fixed]
-    elif fixed is not None and free_after == "first B":
-        switch = [min((k for k, op in enumerate(ops) if op.kind is _B), default=len(ops)) - 1 for ops in fixed]
-    plans = [plan(d) for d in range(p)]
-    remaining = 2 * stages * m
-    while remaining:
-        choices = [(pl[0], d) for d, pl in enumerate(plans) if pl is not None]
-        if not choices:
-            return None  # deadlock: every device waits for another
-        start, d = min(choices)
-        _, fills, op = plans[d]
-        commit(d, fills, op, start)
-        remaining -= 1
-        touched = {d}
-        s = op.stage
-        if op.kind is _F and s < last:
-            touched.add(device_of[s + 1])
-        if op.kind is _B and s > 0:
-            touched.add(device_of[s - 1])
-        for e in touched:
-            plans[e] = plan(e)
-    for d in range(p):
-        orders[d].extend(Op(_W, s, i) for s, i in waiting[d])
-    return Schedule.of(name, orders)
-
+            placed.pop_w(d)
+        placed.place(d, op, start)
+        self.kept.cursor[d] += 1
+        self.last_kind[d] = op.kind
+        self.started[d] = self.started[d] or op.kind is _B
+        if op.kind is _F and self.policy.reserve:
+            if op.stage == self.layout.entry[d]:
+                self.reserved[d] += self.layout.footprint[d]
+            self.reserved[d] -= placed.costs.act[op.stage]
 
 
 def _uniform(problem: Problem) -> bool:
@@ -263,219 +296,4 @@ def cost_aware(problem: Problem, base: Schedule, search: bool = True) -> Schedul
         key = (judged.makespan, judged.peak)
         if judged.peak <= cap and key < best_key:
             best, best_key = candidate, key
-    return best
-
-
-# --------------------------------------------------------------------------- V-shape rounds
-
-
-@dataclass(frozen=True)
-class RoundPolicy:
-    """How ``v_rounds`` decides, once per device and round, which B, which F and where W go.
-
-    ``b_by_ready``: a device whose two chunks both have a B it may run takes the one whose
-    gradient arrives first (ties: the first chunk's); otherwise the first chunk's whenever its
-    gradient is there (the older microbatch, about to leave the pipeline). ``idle_b`` /
-    ``idle_f``: before a B / an F whose input arrives later than a W would take, run a W anyway
-    when waiting would leave this device idle longer than the idlest device so far (idle time
-    on the device that sets the makespan is what counts; idle time elsewhere is free), besides
-    the Ws that end before the input arrives.
-    """
-
-    b_by_ready: bool = False
-    idle_b: bool = True
-    idle_f: bool = True
-
-
-# The policies that were ever needed on the reference grid (tests/test_heuristics_reference.py); the
-# other combinations were never faster than one of these.
-ROUND_POLICIES = (RoundPolicy(False, True, False), RoundPolicy(True, True, False))
-
-
-def v_rounds(name: str, problem: Problem, cap: int, warmup: Schedule, policy: RoundPolicy) -> Schedule | None:
-    """A V-shape order built round by round at real costs, or None when it cannot go on under ``cap``.
-
-    Each device first runs ``warmup``'s forwards before its first B (the block schedule's warm-up,
-    which already fills the pipeline under the cap). Then every round gives each device one B and
-    then one F, as in the steady state of the V blocks (F B W of each chunk per microbatch), but
-    which chunk's B and F, and where the W go, is decided with the real per-stage costs and p2p:
-    B of the first chunk (stage d) when its gradient is there, else of the second (stage
-    2p-1-d; ``policy`` may prefer the one whose gradient comes first); F of the second chunk
-    when its input is there, else of the first; W fill idle time before an op when
-    they end before its input arrives (and by ``policy``), and run when the cap needs the room
-    for an F. An F that does not fit even after every waiting W waits for a later round.
-
-    Times are exact (each device's order is built front to back, an op only after what it needs),
-    so ``problem``'s costs steer the decisions; ``cost_aware_v`` also runs it on the costs
-    averaged over stages, as the authors' generator sees them, which on uneven stages sometimes
-    decides better. O(ops): quick at any size.
-    """
-    pipe = problem.pipeline
-    p, m, stages = pipe.devices, pipe.microbatches, pipe.stages
-    last = stages - 1
-    act, keep = _stage_bytes(problem)
-    fwd, bwd, wgt = (stage_ms(problem, kind) for kind in (_F, _B, _W))
-    low = list(range(p))  # chunk 0 of device d: stage d; chunk 1: stage 2p-1-d
-    high = [2 * p - 1 - d for d in range(p)]
-    f_end: list[dict[int, float]] = [{} for _ in range(stages)]
-    b_end: list[dict[int, float]] = [{} for _ in range(stages)]
-    next_f = [0] * stages
-    next_b = [0] * stages
-    free = [0.0] * p
-    idle = [0.0] * p
-    held = [0] * p
-    waiting: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
-    orders: list[list[Op]] = [[] for _ in range(p)]
-
-    def ready_of(kind: OpKind, s: int) -> float | None:
-        i = (next_f if kind is _F else next_b)[s]
-        if i >= m or (kind is _B and i >= next_f[s]):
-            return None
-        if kind is _F:
-            if s == 0:
-                return 0.0
-            end = f_end[s - 1].get(i)
-            source = s - 1
-        elif s == last:
-            end, source = f_end[s].get(i), s
-        else:
-            end, source = b_end[s + 1].get(i), s + 1
-        if end is None:
-            return None
-        return end + lag_ms(problem, source, s)
-
-    def run_w(d: int) -> None:
-        s, i = waiting[d].popleft()
-        orders[d].append(Op(_W, s, i))
-        free[d] += wgt[s]
-        held[d] -= keep[s]
-
-    def fill(d: int, ready: float, extra: bool) -> None:
-        while waiting[d] and free[d] + wgt[waiting[d][0][0]] <= ready:
-            run_w(d)
-        if extra and waiting[d] and ready - free[d] > max(idle) - idle[d]:
-            run_w(d)
-
-    def run(d: int, kind: OpKind, s: int, ready: float) -> None:
-        i = (next_f if kind is _F else next_b)[s]
-        start = max(free[d], ready)
-        if orders[d]:
-            idle[d] += start - free[d]
-        end = start + (fwd if kind is _F else bwd)[s]
-        orders[d].append(Op(kind, s, i))
-        free[d] = end
-        if kind is _F:
-            f_end[s][i] = end
-            next_f[s] += 1
-            held[d] += act[s]
-        else:
-            b_end[s][i] = end
-            next_b[s] += 1
-            held[d] -= act[s] - keep[s]
-            waiting[d].append((s, i))
-
-    def run_f(d: int, s: int, extra: bool) -> bool:
-        ready = ready_of(_F, s)
-        if ready is None:
-            return False
-        while held[d] + act[s] > cap and waiting[d]:
-            run_w(d)
-        if held[d] + act[s] > cap:
-            return False
-        fill(d, ready, extra)
-        run(d, _F, s, ready)
-        return True
-
-    # Warm-up: each device's forwards before its first B, placed as their inputs are placed.
-    heads = []
-    for ops in warmup.devices:
-        head = []
-        for op in ops:
-            if op.kind is not _F:
-                break
-            head.append(op)
-        heads.append(head)
-    position = [0] * p
-    progress = True
-    while progress:
-        progress = False
-        for d in range(p):
-            while position[d] < len(heads[d]):
-                op = heads[d][position[d]]
-                if op.microbatch != next_f[op.stage] or not run_f(d, op.stage, False):
-                    break
-                position[d] += 1
-                progress = True
-    if any(position[d] < len(heads[d]) for d in range(p)):
-        return None
-
-    total_b = stages * m
-    placed_b = sum(next_b)
-    while placed_b < total_b or any(next_f[s] < m for s in range(stages)):
-        # One B per device, decided on what was placed before this round: the first chunk's
-        # (older microbatch, on the way out of the pipeline) when its gradient is there, unless
-        # the policy says otherwise; else the second chunk's. The first chunks' gradients run
-        # back up the V (device p-1 first), the second chunks' down it (device 0 first).
-        low_b: list[int] = []
-        for d in range(p):
-            lo_ready = ready_of(_B, low[d])
-            if lo_ready is None:
-                continue
-            if policy.b_by_ready:
-                hi_ready = ready_of(_B, high[d])
-                if hi_ready is not None and hi_ready < lo_ready:
-                    continue
-            low_b.append(d)
-        moved = False
-        for d in reversed(low_b):
-            ready = ready_of(_B, low[d])
-            fill(d, ready, policy.idle_b)
-            run(d, _B, low[d], ready)
-            moved = True
-        took_low = set(low_b)
-        for d in range(p):
-            if d in took_low:
-                continue
-            ready = ready_of(_B, high[d])
-            if ready is not None:
-                fill(d, ready, policy.idle_b)
-                run(d, _B, high[d], ready)
-                moved = True
-        placed_b = sum(next_b)
-        # One F per device: the second chunk's when its input is there, else the first chunk's.
-        for d in range(p):
-            if ready_of(_F, high[d]) is not None:
-                moved = run_f(d, high[d], policy.idle_f) or moved
-            elif ready_of(_F, low[d]) is not None:
-                moved = run_f(d, low[d], policy.idle_f) or moved
-        if not moved:
-            return None
-    for d in range(p):
-        while waiting[d]:
-            run_w(d)
-    return Schedule.of(name, orders)
-
-
-def cost_aware_v(problem: Problem, base: Schedule, warmup: Schedule, cap: int) -> Schedule:
-    """The fastest of ``base`` and ``v_rounds`` (every ROUND_POLICIES, real and stage-averaged costs)
-    within ``cap`` bytes per device (the block schedule's peak; ``base`` must fit it). ``warmup``:
-    the schedule whose warm-up forwards the rounds start from. Ties keep ``base``."""
-    timeline = simulate(problem, base)
-    best, best_key = base, (timeline.makespan, timeline.peak)
-    costs, stages = problem.costs, problem.stages
-    views = [problem]
-    if any(len(set(values)) > 1 for values in (costs.forward, costs.backward_input, costs.backward_weight)):
-        def mean(values: tuple[float, ...]) -> tuple[float, ...]:
-            return (sum(values) / stages,) * stages
-        views.append(replace(problem, costs=Costs(mean(costs.forward), mean(costs.backward_input),
-                                                  mean(costs.backward_weight), costs.p2p)))
-    for view in views:
-        for policy in ROUND_POLICIES:
-            candidate = v_rounds(base.name, view, cap, warmup, policy)
-            if candidate is None:
-                continue
-            judged = simulate(problem, candidate)
-            key = (judged.makespan, judged.peak)
-            if judged.peak <= cap and key < best_key:
-                best, best_key = candidate, key
     return best

@@ -35,7 +35,7 @@ one chunk activation less (7 instead of 8 at p = 8) and the others hold the same
 All of the above is for F = B = W and p2p = 0, where the block schedule is returned as it is. At
 other costs the generator also tries cost-aware orders under the block schedule's peak memory
 (``_greedy.cost_aware``: the block's F/B order with every W placed at real costs, and list
-schedules; ``_greedy.cost_aware_v``: a round-based V order that decides each device's next B, F
+schedules; ``_greedy_v.cost_aware_v``: a round-based V order that decides each device's next B, F
 and W at real costs, as the authors' zbv.py does for ZB-V) and returns the fastest. On the
 reference grid (tests/test_heuristics_reference.py) none of the three is slower than the
 authors' generators at no more peak.
@@ -48,7 +48,8 @@ from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
 
 from ._register import register, require
-from ._greedy import _uniform, cost_aware, cost_aware_v
+from ._greedy import _uniform, cost_aware
+from ._greedy_v import cost_aware_v
 from ._vshape_blocks import REORDERS, VBlock, v_schedule
 
 __all__ = ["ZBV_BLOCK", "V_HALF_BLOCK", "V_MIN_BLOCK", "zbv", "v_half", "v_min"]
