@@ -31,7 +31,7 @@ settings.register_profile("full")
 settings.load_profile("full" if FULL_TESTS else "ci")
 
 
-def examples(full: int, ci: int) -> int:
+def examples(full: int, *, ci: int) -> int:
     """A property test's example count: ``full`` in the full form, ``ci`` in CI."""
     return full if FULL_TESTS else ci
 
