@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-full bench clean
 
 setup: $(STAMP)
 
@@ -18,8 +18,13 @@ demo: setup
 	$(BIN)/optpipe demo
 	$(BIN)/python -m optpipe.cli.train_demo --devices 4 --steps 5
 
+# CI runs `make test`: the small form of every check. `make test-full` adds the slow cases and the
+# property tests' full, random example counts (see tests/conftest.py).
 test: setup
 	$(BIN)/python -m pytest
+
+test-full: setup
+	OPTPIPE_FULL_TESTS=1 $(BIN)/python -m pytest
 
 bench: setup
 	$(BIN)/python -m benchmarks

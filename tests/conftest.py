@@ -1,17 +1,56 @@
-"""Shared fixtures: the benchmark problems shipped in benchmarks/problems/."""
+"""Shared fixtures (the benchmark problems shipped in benchmarks/problems/) and the two forms of the suite.
+
+CI runs the small form: tests marked ``slow`` are deselected and property tests draw a fixed,
+derandomized sample. ``OPTPIPE_FULL_TESTS=1`` (``make test-full``) runs every slow case and the
+property tests' full, random example counts.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 from optpipe.core.problem_file import load_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM_DIR = ROOT / "benchmarks" / "problems"
+if str(ROOT) not in sys.path:  # benchmarks/ and examples/ are not installed: a test file run alone imports them too
+    sys.path.insert(0, str(ROOT))
 INSTANCES = sorted(PROBLEM_DIR.glob("*.toml"))
+
+FULL_TESTS = os.environ.get("OPTPIPE_FULL_TESTS", "") == "1"
+
+# CI: the same sample every run (a failure reproduces); full: hypothesis's random search, as many
+# examples as each test asks for.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("full")
+settings.load_profile("full" if FULL_TESTS else "ci")
+
+
+def examples(full: int, *, ci: int) -> int:
+    """A property test's example count: ``full`` in the full form, ``ci`` in CI."""
+    return full if FULL_TESTS else ci
+
+
+def pytest_report_header(config) -> str:
+    if FULL_TESTS:
+        return "optpipe: the full form (OPTPIPE_FULL_TESTS=1): slow cases run, property tests random"
+    return "optpipe: the CI form: slow cases deselected, property tests derandomized; make test-full runs everything"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The CI form leaves out the slow cases; each has a small form that CI runs."""
+    if FULL_TESTS:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 def uniform_problem(p: int, m: int, *, v: int = 1, f: float = 1.0, b: float = 1.0, w: float = 1.0,

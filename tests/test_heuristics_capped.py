@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import uniform_problem
+from conftest import examples, uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,7 +41,7 @@ def test_beats_a_strict_short_warm_up():
     assert simulate(problem, generate("1F1B-capped", problem)).makespan < 1.25 * (32 + 7) * 3
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40, ci=15), deadline=None)
 @given(p=st.integers(1, 5), v=st.integers(1, 2), m=st.integers(1, 8), cap=st.integers(1, 12),
        vshape=st.booleans(), p2p=st.sampled_from([0.0, 0.3]))
 def test_any_placement_fits_and_simulates(p, v, m, cap, vshape, p2p):

@@ -6,7 +6,7 @@ Uniform problems (F = B = W = 1, p2p = 0) make every figure countable in chunk a
 from __future__ import annotations
 
 import pytest
-from conftest import uniform_problem
+from conftest import examples, uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -263,7 +263,7 @@ def random_offload_case(draw):
     return problem, chosen
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25, ci=10), deadline=None)
 @given(random_offload_case())
 def test_offload_passes_on_random_problems(case):
     problem, chosen = case

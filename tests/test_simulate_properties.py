@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import uniform_problem
+from conftest import examples, uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,7 +51,7 @@ def _topological_schedule(problem, seed: int, split: bool) -> Schedule:
 shapes = st.tuples(st.integers(1, 4), st.integers(1, 2), st.integers(1, 6), st.booleans(), st.booleans())
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60, ci=20), deadline=None)
 @given(shape=shapes, seed=st.integers(0, 10**6))
 def test_dependency_respecting_orders_simulate(shape, seed):
     p, v, m, split, vshape = shape
@@ -65,7 +65,7 @@ def test_dependency_respecting_orders_simulate(shape, seed):
             assert t.start >= timeline.by_op[Op(OpKind.F, t.op.stage - 1, t.op.microbatch)].end - 1e-9
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60, ci=20), deadline=None)
 @given(shape=shapes, seed=st.integers(0, 10**6))
 def test_shuffles_that_break_dependencies_raise_the_cycle_error(shape, seed):
     p, v, m, split, vshape = shape

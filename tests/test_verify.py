@@ -8,7 +8,7 @@ import struct
 import zlib
 
 import pytest
-from conftest import uniform_problem
+from conftest import examples, uniform_problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -265,7 +265,7 @@ def _reseal(body: bytearray) -> bytes:
     return bytes(body) + struct.pack("<I", zlib.crc32(body))
 
 
-@settings(max_examples=200, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200, ci=50), deadline=1000, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(range(len(_SEALED))), st.data())
 def test_any_decodable_plan_verifies_or_is_rejected_and_disassembles(which, data):
     """Damage that survives decoding (operands still in range) never crashes the verifier or dis."""
