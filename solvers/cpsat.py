@@ -94,7 +94,8 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     values = model_values(problem, grid, hint) if hinted is not None and hinted.fits else None
     horizon = _safe_horizon(problem, grid)
     if values is not None:
-        horizon = max(t + grid.up(duration_ms(problem, op)) for op, t in values[0].items()) + 1
+        starts, _ = values
+        horizon = max(t + grid.up(duration_ms(problem, op)) for op, t in starts.items()) + 1
     lower = grid.up(analytic) if grid.exact else 0
     # variables, constraints, objective
     model = Model(problem, grid, full_scope(problem), horizon, lower)

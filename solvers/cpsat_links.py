@@ -112,7 +112,7 @@ def _ready(v: Variables, op: Op, entries: list[Entry]) -> cp_model.IntVar:
     when = [] if present is True else [present]
     ready = v.cp.new_int_var(0, v.horizon, f"ready{op}")
     start = v.start[op]
-    terms: list[tuple[object, object, Op | None]] = [(v.end_of(v.data_preds(op)[0][0]), None, None)]  # (end, by, after)
+    terms: list[tuple[object, object, Op | None]] = [(v.end_of(v.transfer_source(op)), None, None)]  # (end, by, after)
     for other in _ready_others(v, op):
         other_present = v.present(other)
         if other_present is False:
@@ -153,7 +153,7 @@ def hint_shared_fifo(v: Variables, entries: list[Entry], starts: Mapping[Op, int
             if op not in starts:
                 ready[op] = 0
                 continue
-            values = [ends[v.data_preds(op)[0][0]]]
+            values = [ends[v.transfer_source(op)]]
             values += [ends[o] for o in _ready_others(v, op) if o in ends and ends[o] <= starts[op]]
             ready[op] = max(values)
     for entry in entries:
@@ -172,7 +172,7 @@ def hint_shared_fifo(v: Variables, entries: list[Entry], starts: Mapping[Op, int
         value = False
         if op in starts and op not in chosen:
             if after is None or (after in ends and ends[after] <= starts[op]):
-                end = ends[v.data_preds(op)[0][0]] if after is None else ends[after]
+                end = ends[v.transfer_source(op) if after is None else after]
                 value = end == ready[op]
         if value:
             chosen.add(op)

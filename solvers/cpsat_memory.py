@@ -60,7 +60,8 @@ def add_memory(v: Variables) -> Memory:
         for d in range(v.P))
     segments: list[Segment] = []
     for d in range(v.P):
-        used = {Place.DEVICE: ([], []), Place.HOST: ([], [])}
+        intervals: dict[Place, list[cp_model.IntervalVar]] = {Place.DEVICE: [], Place.HOST: []}
+        demands: dict[Place, list[int]] = {Place.DEVICE: [], Place.HOST: []}
         for s in problem.pipeline.stages_on(d):
             for i in range(v.m):
                 if v.start_of(Op(F, s, i)) is None:
@@ -75,12 +76,11 @@ def add_memory(v: Variables) -> Memory:
                         segment = _segment(v, f"{case.value}{n}_{s}:{i}", hold.begins, hold.ends, present, case,
                                            segments)
                         if segment is not None:
-                            used[hold.place][0].append(segment)
-                            used[hold.place][1].append(up(hold.bytes))
+                            intervals[hold.place].append(segment)
+                            demands[hold.place].append(up(hold.bytes))
         for place, capacity in ((Place.DEVICE, memory.budget), (Place.HOST, problem.offload.host_budget)):
-            intervals, demands = used[place]
-            if intervals:
-                v.cp.add_cumulative(intervals, demands, capacity // scale)
+            if intervals[place]:
+                v.cp.add_cumulative(intervals[place], demands[place], capacity // scale)
     return Memory(exact, segments)
 
 

@@ -90,7 +90,7 @@ class Model(Variables):
                         self.cp.add(var >= earlier)
                 continue
             present = self.presence((op.stage, op.microbatch))
-            pred_end = self.end_of(self.data_preds(op)[0][0])
+            pred_end = self.end_of(self.transfer_source(op))
             rules = [var >= pred_end] if pred_end is not None else []
             b = self.start_of(Op(B, op.stage, op.microbatch))
             if op.kind is REL and b is not None:

@@ -161,8 +161,8 @@ class Variables:
         """An ``offloaded`` literal per open pair; an optional OFFLOAD and RELOAD per open or
         decided pair, after F and, when B is in the model, early enough for B."""
         scope = self.scope
-        for pair in sorted(scope.open_pairs):
-            self.offloaded[pair] = self.cp.new_bool_var(f"x{pair[0]}:{pair[1]}")
+        for s, i in sorted(scope.open_pairs):
+            self.offloaded[(s, i)] = self.cp.new_bool_var(f"x{s}:{i}")
         transfers = set(scope.transfers)
         for s, i in scope.open_pairs:
             transfers |= {Op(OFF, s, i), Op(REL, s, i)}
@@ -232,6 +232,10 @@ class Variables:
     def end_of(self, op: Op):
         start = self.start_of(op)
         return None if start is None else start + self.d(op)
+
+    def transfer_source(self, op: Op) -> Op:
+        """What a transfer waits for: an OFFLOAD its F, a RELOAD its OFFLOAD (semantics.waits)."""
+        return self.data_preds(op)[0][0]
 
     def data_preds(self, op: Op) -> list[tuple[Op, int]]:
         """(predecessor, lag units) that every order must respect: semantics.waits, split backward;
