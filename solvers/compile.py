@@ -43,6 +43,7 @@ _EPS = TOLERANCE_MS
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
 _WARM_SHARE = 0.3  # of the time limit, at most, for building warm starts
+_WARM_AFTER = 0.2  # ... or this much after the heuristics, when they took longer (within the limit)
 _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
 _MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
@@ -116,7 +117,11 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     baseline = best_fitting(entries)
     if solver.startswith("heuristic:"):
         return _heuristic(problem, solver, entries, baseline, bound, began)
-    candidates = warm_starts(problem, entries, deadline=began + _WARM_SHARE * time_limit_s)
+    # The warm share counts from the start, but at p >= 24 the heuristics alone can take most of it:
+    # the most promising variants (warmstart.py) still get a floor share after them.
+    warm_until = min(began + time_limit_s, max(began + _WARM_SHARE * time_limit_s,
+                                               time.monotonic() + _WARM_AFTER * time_limit_s))
+    candidates = warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value)
     now, end = time.monotonic(), began + time_limit_s
     if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
         repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))

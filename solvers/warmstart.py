@@ -62,33 +62,64 @@ def one_at_a_time(problem: Problem) -> Schedule:
     return Schedule.of("one-at-a-time", devices)
 
 
-def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None = None) -> list[Candidate]:
-    """Candidates in the order above; variants are skipped once ``deadline`` (monotonic s) passes."""
+def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None = None,
+                bound_ms: float | None = None) -> list[Candidate]:
+    """Candidates in the order above; variants are skipped once ``deadline`` (monotonic s) passes.
+
+    Variants are built most promising first (when the deadline cuts, that is what is left out):
+    for each heuristic, fastest first, its W passes filled under the budget (then offloaded: what
+    brings a zero-bubble schedule, whose deferred W passes hold memory, under a tight budget) and
+    its offloaded versions; then the looser W-filling caps. They are returned in the order above whatever order they
+    were built in, so ties go the same way with and without a deadline. With ``bound_ms`` (a
+    proven lower bound), building stops once a fitting candidate meets it.
+    """
     late = (lambda: time.monotonic() > deadline) if deadline is not None else (lambda: False)
     applicable = [e for e in entries if e.timeline is not None]
-    out = [Candidate(e.name, e.schedule, e.timeline) for e in applicable]
+    built: list[tuple[tuple, Candidate]] = [((0, n), Candidate(e.name, e.schedule, e.timeline))
+                                            for n, e in enumerate(applicable)]
     sequential = one_at_a_time(problem)
-    out.append(Candidate(sequential.name, sequential, simulate(problem, sequential)))
-    if problem.offload.enabled:
-        for entry in applicable:
-            if late():
-                return out
-            out.extend(_offloaded(problem, entry.name, entry.schedule, entry.timeline))
+    built.append(((1,), Candidate(sequential.name, sequential, simulate(problem, sequential))))
+    met = lambda: bound_ms is not None and any(  # noqa: E731
+        c.fits and c.timeline.makespan <= bound_ms + 1e-9 for _, c in built)
+
+    def done() -> list[Candidate]:
+        return [c for _, c in sorted(built, key=lambda item: item[0])]
+
     caps = _CAPS if problem.offload.enabled else _CAPS[:1]
-    for entry in sorted(applicable, key=lambda e: e.timeline.makespan):
-        for cap in caps:
-            if late():
-                return out
-            try:
-                filled = fill_with_w(problem, entry.schedule, memory_cap=int(problem.memory.budget * cap))
-            except ValueError:  # an order W-filling cannot follow is simply not a candidate
-                break
-            name = f"{entry.name}+W({cap:g})"
-            timeline = simulate(problem, filled)
-            out.append(Candidate(name, filled.renamed(name), timeline))
-            if problem.offload.enabled:
-                out.extend(_offloaded(problem, name, filled, timeline))
-    return out
+    fastest = sorted(range(len(applicable)), key=lambda n: applicable[n].timeline.makespan)
+    unfillable: set[int] = set()
+
+    def fill(rank: int, n: int, c: int) -> None:
+        entry, cap = applicable[n], caps[c]
+        try:
+            filled = fill_with_w(problem, entry.schedule, memory_cap=int(problem.memory.budget * cap))
+        except ValueError:  # an order W-filling cannot follow is simply not a candidate
+            unfillable.add(n)
+            return
+        name = f"{entry.name}+W({cap:g})"
+        timeline = simulate(problem, filled)
+        built.append(((3, rank, c, 0), Candidate(name, filled.renamed(name), timeline)))
+        if problem.offload.enabled:
+            built.extend(((3, rank, c, 1 + k), v) for k, v in enumerate(_offloaded(problem, name, filled, timeline)))
+
+    for rank, n in enumerate(fastest):
+        if met():
+            return done()
+        entry = applicable[n]
+        if late():
+            return done()
+        fill(rank, n, 0)
+        if problem.offload.enabled and not late():
+            built.extend(((2, n, k), v) for k, v in enumerate(_offloaded(problem, entry.name, entry.schedule,
+                                                                             entry.timeline)))
+    for c in range(1, len(caps)):
+        for rank, n in enumerate(fastest):
+            if n in unfillable:
+                continue
+            if late() or met():
+                return done()
+            fill(rank, n, c)
+    return done()
 
 
 def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline) -> list[Candidate]:
