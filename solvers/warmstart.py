@@ -73,7 +73,8 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     were built in, so ties go the same way with and without a deadline. With ``bound_ms`` (a
     proven lower bound), building stops once a fitting candidate meets it.
     """
-    late = (lambda: time.monotonic() > deadline) if deadline is not None else (lambda: False)
+    last_step = [0.0]  # how long the last variant took: one that cannot end by the deadline is not started
+    late = (lambda: time.monotonic() + last_step[0] > deadline) if deadline is not None else (lambda: False)
     applicable = [e for e in entries if e.timeline is not None]
     built: list[tuple[tuple, Candidate]] = [((0, n), Candidate(e.name, e.schedule, e.timeline))
                                             for n, e in enumerate(applicable)]
@@ -90,6 +91,11 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     unfillable: set[int] = set()
 
     def fill(rank: int, n: int, c: int) -> None:
+        began = time.monotonic()
+        _fill(rank, n, c)
+        last_step[0] = time.monotonic() - began
+
+    def _fill(rank: int, n: int, c: int) -> None:
         entry, cap = applicable[n], caps[c]
         try:
             filled = fill_with_w(problem, entry.schedule, memory_cap=int(problem.memory.budget * cap))
