@@ -5,7 +5,10 @@ Makespan: the larger of two arguments, each valid for every schedule the simulat
 - Per device, a one-machine relaxation (Carlier's bound): every compute op of the device is a
   job with a release (the longest data path before it, counting p2p, and the fact that the
   j-th op of a stage waits for j+1 ops of the neighbouring stage) and a tail (the longest data
-  path after it). Jackson's preemptive schedule, largest tail first, solves the preemptive
+  path after it). Every other device adds its own work to both: before the j-th F of a stage
+  it has run j + 1 forwards of each of its stages below, one at a time; after the k-th F from
+  the last it still has k + 1 microbatches' forwards above and backward passes (B and W) to
+  run (``_other_devices``). Jackson's preemptive schedule, largest tail first, solves the preemptive
   relaxation exactly; its max(completion + tail) is a bound. This covers per-device work and
   pipeline fill and drain at once.
 - What the budget and the host link force: memory a device holds over time (bytes x ms) is at
