@@ -380,8 +380,8 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
     The nearest tier of them (peak at most 1.5 x the budget, else at most 2.5 x, else any),
     fastest first; offloaded variants of one compute order count once. Each start
     is repaired with each offload policy ("none" alone when offload is off) and each step size,
-    the most promising pair first for every start, each start with an equal share of the time left
-    in that first round; a repair stops once it is slower than the best fitting schedule so far.
+    the most promising pair first for every start (where simulations are slow, each with an equal
+    share of the time left in that first round); a repair stops once it is slower than the best fitting schedule so far.
     The ones that fit come back, fastest first.
     """
     budget = problem.memory.budget
@@ -403,16 +403,21 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
     policies = ("all", "hidden") if problem.offload.enabled else ("none",)  # "all" takes fewer simulations
     variants = [(policy, step) for step in _STEPS for policy in policies]  # the most promising first
     out = []
+    # Share the first round among the starts only where rounds are slow (p = 32: a second or more
+    # a simulation), so that one start's many rounds cannot leave none for one that a round or two
+    # repairs; where they are fast, the first start may take the time it needs, as it always did.
+    share = False
+    if deadline is not None and picked:
+        began = time.monotonic()
+        simulate(problem, picked[0].schedule)
+        share = 2 * _MAX_ROUNDS * (time.monotonic() - began) > deadline - time.monotonic()
     for round_index, (policy, max_step) in enumerate(variants):
         for n, c in enumerate(picked):
             now = time.monotonic()
             if deadline is not None and now > deadline:
                 return sorted(out, key=lambda c: c.timeline.makespan)
             until = deadline
-            if deadline is not None and round_index == 0:
-                # the first round shares the time among the starts: a start that needs many slow
-                # rounds (p = 32, m = 256: a second a round) must not leave none for one that a
-                # round or two repairs; what a start leaves goes to the next
+            if share and round_index == 0:  # what a start leaves goes to the next
                 until = now + (deadline - now) / (len(picked) - n)
             label = f"{c.name}+repaired({policy}{'' if max_step is None else f', step {max_step}'})"
             repaired = repair(problem, c.schedule, policy, until, name=label, max_step=max_step, ceiling=ceiling)

@@ -106,7 +106,8 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
         timeline = simulate(problem, filled)
         built.append(((3, rank, c, 0), Candidate(name, filled.renamed(name), timeline)))
         if problem.offload.enabled:
-            built.extend(((3, rank, c, 1 + k), v) for k, v in enumerate(_offloaded(problem, name, filled, timeline)))
+            built.extend(((3, rank, c, 1 + k), v)
+                         for k, v in enumerate(_offloaded(problem, name, filled, timeline, deadline)))
 
     for rank, n in enumerate(fastest):
         if met():
@@ -117,7 +118,7 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
         fill(rank, n, 0)
         if problem.offload.enabled and not late():
             built.extend(((2, n, k), v) for k, v in enumerate(_offloaded(problem, entry.name, entry.schedule,
-                                                                             entry.timeline)))
+                                                                             entry.timeline, deadline)))
     for c in range(1, len(caps)):
         for rank, n in enumerate(fastest):
             if n in unfillable:
@@ -128,16 +129,21 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     return done()
 
 
-def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline) -> list[Candidate]:
+def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline,
+               deadline: float | None = None) -> list[Candidate]:
+    """The two offloaded variants; the hidden one is dropped when it cannot be placed by ``deadline``."""
     from .offload_slots import add_hidden_offloads, add_offloads, offloadable
 
     pairs = offloadable(timeline)
     if not pairs:
         return []
     out = []
-    for suffix, place in (("offload", add_offloads), ("hidden-offload", add_hidden_offloads)):
+    hidden = lambda problem, schedule, pairs: add_hidden_offloads(problem, schedule, pairs, deadline)  # noqa: E731
+    for suffix, place in (("offload", add_offloads), ("hidden-offload", hidden)):
         try:
             placed = place(problem, schedule, pairs)
+            if placed is None:
+                continue
             placed_timeline = simulate(problem, placed)
         except OptpipeError:  # a variant that does not apply is simply not a candidate
             continue
