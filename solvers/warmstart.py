@@ -67,14 +67,19 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     """Candidates in the order above; variants are skipped once ``deadline`` (monotonic s) passes.
 
     Variants are built most promising first (when the deadline cuts, that is what is left out):
-    for each heuristic, fastest first, its W passes filled under the budget (then offloaded: what
-    brings a zero-bubble schedule, whose deferred W passes hold memory, under a tight budget) and
-    its offloaded versions; then the looser W-filling caps. They are returned in the order above whatever order they
-    were built in, so ties go the same way with and without a deadline. With ``bound_ms`` (a
-    proven lower bound), building stops once a fitting candidate meets it.
+    the fastest heuristic's W passes filled under the budget, then offloaded (what brings a
+    zero-bubble schedule, whose deferred W passes hold memory, under a tight budget); every
+    heuristic's offloaded versions, fastest first (what repair.py starts from); the other
+    heuristics' W passes filled under the budget; then the looser W-filling caps. They are
+    returned in the order above whatever order they were built in, so ties go the same way with
+    and without a deadline. With ``bound_ms`` (a proven lower bound), building stops once a
+    fitting candidate meets it.
     """
-    last_step = [0.0]  # how long the last variant took: one that cannot end by the deadline is not started
-    late = (lambda: time.monotonic() + last_step[0] > deadline) if deadline is not None else (lambda: False)
+    # how long the last variant took: at p >= 24, where one takes seconds, one that cannot end by
+    # the deadline is not started (a short one may overrun it a little, as it always could)
+    last_step = [0.0]
+    late = ((lambda: time.monotonic() + (last_step[0] if last_step[0] > 1.0 else 0.0) > deadline)
+            if deadline is not None else (lambda: False))
     applicable = [e for e in entries if e.timeline is not None]
     built: list[tuple[tuple, Candidate]] = [((0, n), Candidate(e.name, e.schedule, e.timeline))
                                             for n, e in enumerate(applicable)]
@@ -109,16 +114,24 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
             built.extend(((3, rank, c, 1 + k), v)
                          for k, v in enumerate(_offloaded(problem, name, filled, timeline, deadline)))
 
-    for rank, n in enumerate(fastest):
-        if met():
-            return done()
-        entry = applicable[n]
-        if late():
+    # the fastest heuristic's W passes filled under the budget (and offloaded); every heuristic's
+    # offloaded versions; the others' W passes filled under the budget; then the looser caps
+    for rank, n in enumerate(fastest[:1]):
+        if late() or met():
             return done()
         fill(rank, n, 0)
-        if problem.offload.enabled and not late():
+    if problem.offload.enabled:
+        for n in fastest:
+            if late() or met():
+                return done()
+            entry, began = applicable[n], time.monotonic()
             built.extend(((2, n, k), v) for k, v in enumerate(_offloaded(problem, entry.name, entry.schedule,
                                                                              entry.timeline, deadline)))
+            last_step[0] = time.monotonic() - began
+    for rank, n in enumerate(fastest[1:], start=1):
+        if late() or met():
+            return done()
+        fill(rank, n, 0)
     for c in range(1, len(caps)):
         for rank, n in enumerate(fastest):
             if n in unfillable:
