@@ -46,7 +46,7 @@ _WARM_SHARE = 0.3  # of the time limit, at most, for building warm starts
 _WARM_AFTER = 0.2  # ... or this much after the heuristics, when they took longer (within the limit)
 _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
-_EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.1  # repair the plain heuristics first for this much of the limit when
+_EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.5  # repair the plain heuristics first for this much of the limit when
 # the fastest fitting one is this much slower than the fastest (tight budgets; _early_repairs)
 _MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
