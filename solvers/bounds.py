@@ -5,7 +5,10 @@ Makespan: the larger of two arguments, each valid for every schedule the simulat
 - Per device, a one-machine relaxation (Carlier's bound): every compute op of the device is a
   job with a release (the longest data path before it, counting p2p, and the fact that the
   j-th op of a stage waits for j+1 ops of the neighbouring stage) and a tail (the longest data
-  path after it). Jackson's preemptive schedule, largest tail first, solves the preemptive
+  path after it). Every other device adds its own work to both: before the j-th F of a stage
+  it has run j + 1 forwards of each of its stages below, one at a time; after the k-th F from
+  the last it still has k + 1 microbatches' forwards above and backward passes (B and W) to
+  run (``_other_devices``). Jackson's preemptive schedule, largest tail first, solves the preemptive
   relaxation exactly; its max(completion + tail) is a bound. This covers per-device work and
   pipeline fill and drain at once.
 - What the budget and the host link force: memory a device holds over time (bytes x ms) is at
@@ -105,21 +108,88 @@ def _jobs(problem: Problem, paths: Paths, device: int) -> list[tuple[float, floa
     f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
     S, m = pipe.stages, pipe.microbatches
     other = lambda s: 0 <= s < S and pipe.device_of(s) != device  # noqa: E731
+    lines = _other_devices(problem, paths, device)
     jobs = []
     for s in pipe.stages_on(device):
         for j in range(m):
             k = m - 1 - j  # forwards after this one
             release = paths.head[(_F, s)] + (j * f[s - 1] if other(s - 1) else 0.0)
+            release = max(release, _envelope(lines[(_F, s, "release")], j + 1))
             after = paths.tail[(_F, s)] + (k * f[s + 1] if other(s + 1) else 0.0)
+            after = max(after, _envelope(lines[(_F, s, "tail")], k + 1))
             jobs.append((release, f[s], after))
             upstream = s + 1  # where B comes from
             release = paths.head[(_B, s)] + (j * b[upstream] if other(upstream) else 0.0)
+            release_b = max(release, _envelope(lines[(_B, s, "release")], j + 1))
             after = paths.tail[(_B, s)]
             if other(s - 1):
                 after = max(after, paths.lag_up[s - 1] + (k + 1) * b[s - 1] + paths.tail[(_B, s - 1)])
-            jobs.append((release, b[s], after))
-            jobs.append((paths.head[(_W, s)] + (j * b[upstream] if other(upstream) else 0.0), w[s], 0.0))
+            after = max(after, _envelope(lines[(_B, s, "tail")], k + 1))
+            jobs.append((release_b, b[s], after))
+            release = paths.head[(_W, s)] + (j * b[upstream] if other(upstream) else 0.0)
+            jobs.append((max(release, release_b + b[s]), w[s], 0.0))
     return jobs
+
+
+def _other_devices(problem: Problem, paths: Paths, device: int) -> dict[tuple, list[tuple[float, float]]]:
+    """What the other devices' own work adds to a release or a tail of ``device``'s ops: lines
+    (intercept, slope per microbatch) whose value at n bounds the n-th release or tail.
+
+    Before the j-th F(s) in time order starts, j + 1 microbatches have their F(s) started, so
+    every other device has run their forwards of each of its stages below s, one at a time, from
+    the earliest any of them can start; the last of those ends no earlier than that start plus
+    (j + 1) times their durations, and the data still needs the least delay from one of them to
+    F(s). The j-th B(s) likewise waits for every forward and for the backwards above s of j + 1
+    microbatches; the j-th W(s) for a B(s) that starts no earlier than the j-th. After the k-th
+    F(s) from the last ends, the k + 1 microbatches whose F(s) ends no earlier still need, on
+    every other device, their forwards above s and all their backward passes (B and W); after
+    the k-th B(s) from the last, their B and W below s. Those run one at a time on that device,
+    no earlier than the least delay from F(s) (B(s)) to one of them, and end by the makespan.
+    """
+    pipe = problem.pipeline
+    f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
+    head = paths.head
+    others = [pipe.stages_on(d) for d in range(pipe.devices) if d != device]
+    out: dict[tuple, list[tuple[float, float]]] = {}
+    for s in pipe.stages_on(device):
+        end_f, end_b = head[(_F, s)] + f[s], head[(_B, s)] + b[s]
+        rel_f, rel_b, tail_f, tail_b = [], [], [], []
+        for stages in others:
+            below = [t for t in stages if t < s]
+            above = [t for t in stages if t > s]
+            if below:  # forwards below s, before F(s)
+                start = min(head[(_F, t)] for t in below)
+                delay = min(head[(_F, s)] - head[(_F, t)] - f[t] for t in below)
+                rel_f.append((start + delay, sum(f[t] for t in below)))
+            # every forward of the device and its backwards above s, before B(s)
+            ops = [(_F, t, f[t]) for t in stages] + [(_B, t, b[t]) for t in above]
+            start = min(head[(kind, t)] for kind, t, _ in ops)
+            delay = min(head[(_B, s)] - head[(kind, t)] - ms for kind, t, ms in ops)
+            rel_b.append((start + delay, sum(ms for *_, ms in ops)))
+            # forwards above s, every B and W of the device, after F(s)
+            ops = [(_F, t) for t in above] + [(_B, t) for t in stages]
+            work = sum(f[t] for t in above) + sum(b[t] + w[t] for t in stages)
+            tail_f.append((min(head[op] for op in ops) - end_f, work))
+            if below:  # B and W below s, after B(s)
+                tail_b.append((min(head[(_B, t)] for t in below) - end_b, sum(b[t] + w[t] for t in below)))
+        out[(_F, s, "release")] = _prune(rel_f, pipe.microbatches)
+        out[(_B, s, "release")] = _prune(rel_b, pipe.microbatches)
+        out[(_F, s, "tail")] = _prune(tail_f, pipe.microbatches)
+        out[(_B, s, "tail")] = _prune(tail_b, pipe.microbatches)
+    return out
+
+
+def _prune(lines: list[tuple[float, float]], m: int) -> list[tuple[float, float]]:
+    """The lines that may be the largest somewhere in [1, m] (a line below another at both ends
+    is below it everywhere between)."""
+    ends = [(a + x, a + m * x) for a, x in lines]
+    return [line for n, line in enumerate(lines)
+            if not any(o != n and ends[o][0] >= ends[n][0] and ends[o][1] >= ends[n][1] and (ends[o] != ends[n] or o < n)
+                       for o in range(len(lines)))]
+
+
+def _envelope(lines: list[tuple[float, float]], n: int) -> float:
+    return max((a + n * x for a, x in lines), default=0.0)
 
 
 def _jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:

@@ -53,8 +53,11 @@ _EPS = TOLERANCE_MS
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
 _WARM_SHARE = 0.3  # of the time limit, at most, for building warm starts
+_WARM_AFTER = 0.2  # ... or this much after the heuristics, when they took longer (within the limit)
 _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
+_EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.5  # repair the plain heuristics first for this much of the limit when
+# the fastest fitting one is this much slower than the fastest (tight budgets; _early_repairs)
 _MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
 # With both offload and recompute, the share of the time left for the more promising pure
@@ -132,11 +135,18 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     baseline = best_fitting(entries)
     if solver.startswith("heuristic:"):
         return _heuristic(problem, solver, entries, baseline, bound, began)
-    candidates = warm_starts(problem, entries, deadline=began + _WARM_SHARE * time_limit_s)
-    now, end = time.monotonic(), began + time_limit_s
+    end = began + time_limit_s
+    early = _early_repairs(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
+    # The warm share counts from the start, but at p >= 24 the heuristics alone can take most of it:
+    # the most promising variants (warmstart.py) still get a floor share after them.
+    warm_until = min(end, max(began + _WARM_SHARE * time_limit_s, time.monotonic() + _WARM_AFTER * time_limit_s))
+    candidates = warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value) + early
+    now = time.monotonic()
     if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
         repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
-        candidates += repair_candidates(problem, candidates, deadline=repair_until)
+        plain = {e.name for e in entries} if early else set()  # repaired already
+        candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
+                                        deadline=repair_until)
     if _mixes(problem, solver):
         candidates += _pure_strategies(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
         candidates += _mixed_start(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
@@ -159,6 +169,21 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     status, note = _verdict(result, start, name, timeline, lower, baseline)
     return Compiled(problem, solver, status, schedule, timeline, lower, reason, elapsed, baseline,
                     start.name if start else "-", note, result.resolution_ms if result else None, tuple(warnings))
+
+
+def _early_repairs(problem: Problem, entries: list[Entry], deadline: float) -> list[Candidate]:
+    """When every fitting heuristic is far slower than the fastest (a tight budget), the nearly
+    fitting heuristics repaired first (repair.py), before the warm-start variants take their
+    share: at p >= 24 one round of offloads often makes PO-H fit, and the variants may take all
+    the time there is."""
+    plain = [Candidate(e.name, e.schedule, e.timeline) for e in entries if e.timeline is not None]
+    if not plain or not problem.offload.enabled or deadline - time.monotonic() <= _MIN_REPAIR_S:
+        return []
+    fastest = min(c.timeline.makespan for c in plain)
+    fitting = best_candidate(plain)
+    if fitting is not None and fitting.timeline.makespan <= _FAR_SLOWER * fastest:
+        return []
+    return repair_candidates(problem, plain, deadline=deadline)
 
 
 def _verified(problem: Problem, solver: str, warnings: list[str], run: Callable[[], SolveResult | None]):

@@ -19,6 +19,7 @@ still cannot hide (queued behind other transfers).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable
 
 from optpipe.core.errors import ProblemError, ScheduleError
@@ -110,8 +111,11 @@ def add_offloads(problem: Problem, schedule: Schedule, chosen: Iterable[tuple[in
     """
     pairs = (_check_pairs(problem, chosen) | schedule.offloaded) - schedule.recomputed  # kept, offloaded or recomputed
     compute = _compute_only(schedule)
-    timeline = simulate(problem, compute)
-    by_op = timeline.by_op
+    return _placed(problem, compute, pairs, simulate(problem, compute).by_op)
+
+
+def _placed(problem: Problem, compute: Schedule, pairs: frozenset[tuple[int, int]], by_op) -> Schedule:
+    """``add_offloads`` of a compute-only schedule whose timeline (``by_op``) is known."""
     devices = []
     for ops in compute.devices:
         mine = [op for op in ops if op.kind is _F and (op.stage, op.microbatch) in pairs]
@@ -121,23 +125,29 @@ def add_offloads(problem: Problem, schedule: Schedule, chosen: Iterable[tuple[in
         offload_end = _offload_ends(problem, mine, by_op)
         after = _reload_slots(problem, ops, offload_end, by_op)
         devices.append(_merge(ops, pairs, after))
-    return Schedule(schedule.name, tuple(devices))
+    return Schedule(compute.name, tuple(devices))
 
 
-def add_hidden_offloads(problem: Problem, schedule: Schedule, candidates: Iterable[tuple[int, int]]) -> Schedule:
+def add_hidden_offloads(problem: Problem, schedule: Schedule, candidates: Iterable[tuple[int, int]],
+                        deadline: float | None = None) -> Schedule | None:
     """``add_offloads`` for the candidates whose transfers the host link hides completely.
 
     After: the compute timeline is exactly the input's. A reload that ends after its backward's
     start in the input timeline would delay it. Each round drops, per device, the late pair whose
     backward comes first (the later ones may only queue behind it) and places the rest again,
-    until none is late; every round shrinks the set, so this ends.
+    until none is late; every round shrinks the set, so this ends. On a saturated link that is
+    one round per pair dropped, two simulations each; with ``deadline`` (``time.monotonic()``)
+    it gives up (None) once that passes.
     """
     compute = _compute_only(schedule)
-    due = {(t.op.stage, t.op.microbatch): t.start for t in simulate(problem, compute).timings
+    timeline = simulate(problem, compute)
+    due = {(t.op.stage, t.op.microbatch): t.start for t in timeline.timings
            if t.op.kind is _B or t.op.kind is _BW}
     chosen = set(_check_pairs(problem, candidates))
     while True:
-        placed = add_offloads(problem, compute, chosen)
+        if deadline is not None and time.monotonic() > deadline:
+            return None
+        placed = _placed(problem, compute, frozenset(chosen) - compute.recomputed, timeline.by_op)
         first_late: dict[int, tuple[float, tuple[int, int]]] = {}
         for t in simulate(problem, placed).timings:
             pair = (t.op.stage, t.op.microbatch)

@@ -313,13 +313,17 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
     """
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
-    late = (lambda: time.monotonic() > deadline) if deadline is not None else (lambda: False)
     offload = problem.offload.enabled and policy != "none"
     name = name or f"{schedule.name}+repaired({policy})"
     compute = _compute_only(schedule)
     pairs = schedule.offloaded
     placed = schedule
+    began = time.monotonic()
     timeline = simulate(problem, placed)
+    # a round simulates at least twice: one that cannot end by the deadline is not started
+    # (at p = 32, m = 256 a simulation takes a second or more)
+    round_s = 2 * (time.monotonic() - began)
+    late = (lambda: time.monotonic() + round_s > deadline) if deadline is not None else (lambda: False)
     misses = 0  # offload rounds in a row that did not help: the link is full, stop asking it
     stalled = False  # the last hold-back did not lower the excess: pull W passes forward too
     for _ in range(_MAX_ROUNDS):
@@ -376,8 +380,9 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
     The nearest tier of them (peak at most 1.5 x the budget, else at most 2.5 x, else any),
     fastest first; offloaded variants of one compute order count once. Each start
     is repaired with each offload policy ("none" alone when offload is off) and each step size,
-    the most promising pair first for every start; a repair stops once it is slower than the best
-    fitting schedule so far. The ones that fit come back, fastest first.
+    the most promising pair first for every start (where simulations are slow, each with an equal
+    share of the time left in that first round); a repair stops once it is slower than the best fitting schedule so far.
+    The ones that fit come back, fastest first.
     """
     budget = problem.memory.budget
     fitting = [c.timeline.makespan for c in candidates if c.fits]
@@ -398,12 +403,24 @@ def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: f
     policies = ("all", "hidden") if problem.offload.enabled else ("none",)  # "all" takes fewer simulations
     variants = [(policy, step) for step in _STEPS for policy in policies]  # the most promising first
     out = []
-    for policy, max_step in variants:
-        for c in picked:
-            if deadline is not None and time.monotonic() > deadline:
+    # Share the first round among the starts only where rounds are slow (p = 32: a second or more
+    # a simulation), so that one start's many rounds cannot leave none for one that a round or two
+    # repairs; where they are fast, the first start may take the time it needs, as it always did.
+    share = False
+    if deadline is not None and picked:
+        began = time.monotonic()
+        simulate(problem, picked[0].schedule)
+        share = 2 * _MAX_ROUNDS * (time.monotonic() - began) > deadline - time.monotonic()
+    for round_index, (policy, max_step) in enumerate(variants):
+        for n, c in enumerate(picked):
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
                 return sorted(out, key=lambda c: c.timeline.makespan)
+            until = deadline
+            if share and round_index == 0:  # what a start leaves goes to the next
+                until = now + (deadline - now) / (len(picked) - n)
             label = f"{c.name}+repaired({policy}{'' if max_step is None else f', step {max_step}'})"
-            repaired = repair(problem, c.schedule, policy, deadline, name=label, max_step=max_step, ceiling=ceiling)
+            repaired = repair(problem, c.schedule, policy, until, name=label, max_step=max_step, ceiling=ceiling)
             if repaired is not None and repaired.timeline.makespan < ceiling - _EPS:
                 out.append(repaired)
                 ceiling = min(ceiling, repaired.timeline.makespan)

@@ -63,43 +63,99 @@ def one_at_a_time(problem: Problem) -> Schedule:
     return Schedule.of("one-at-a-time", devices)
 
 
-def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None = None) -> list[Candidate]:
-    """Candidates in the order above; variants are skipped once ``deadline`` (monotonic s) passes."""
-    late = (lambda: time.monotonic() > deadline) if deadline is not None else (lambda: False)
+def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None = None,
+                bound_ms: float | None = None) -> list[Candidate]:
+    """Candidates in the order above; variants are skipped once ``deadline`` (monotonic s) passes.
+
+    Variants are built most promising first (when the deadline cuts, that is what is left out):
+    the fastest heuristic's W passes filled under the budget, then offloaded (what brings a
+    zero-bubble schedule, whose deferred W passes hold memory, under a tight budget); every
+    heuristic's offloaded versions, fastest first (what repair.py starts from); the other
+    heuristics' W passes filled under the budget; then the looser W-filling caps. They are
+    returned in the order above whatever order they were built in, so ties go the same way with
+    and without a deadline. With ``bound_ms`` (a proven lower bound), building stops once a
+    fitting candidate meets it.
+    """
+    # how long the last variant took: at p >= 24, where one takes seconds, one that cannot end by
+    # the deadline is not started (a short one may overrun it a little, as it always could)
+    last_step = [0.0]
+    late = ((lambda: time.monotonic() + (last_step[0] if last_step[0] > 1.0 else 0.0) > deadline)
+            if deadline is not None else (lambda: False))
     applicable = [e for e in entries if e.timeline is not None]
-    out = [Candidate(e.name, e.schedule, e.timeline) for e in applicable]
+    built: list[tuple[tuple, Candidate]] = [((0, n), Candidate(e.name, e.schedule, e.timeline))
+                                            for n, e in enumerate(applicable)]
     sequential = one_at_a_time(problem)
-    out.append(Candidate(sequential.name, sequential, simulate(problem, sequential)))
-    if problem.offload.enabled:
-        for entry in applicable:
-            if late():
-                return out
-            out.extend(_offloaded(problem, entry.name, entry.schedule, entry.timeline))
+    built.append(((1,), Candidate(sequential.name, sequential, simulate(problem, sequential))))
+    met = lambda: bound_ms is not None and any(  # noqa: E731
+        c.fits and c.timeline.makespan <= bound_ms + 1e-9 for _, c in built)
+
+    def done() -> list[Candidate]:
+        return [c for _, c in sorted(built, key=lambda item: item[0])]
+
     caps = _CAPS if problem.offload.enabled else _CAPS[:1]
-    for entry in sorted(applicable, key=lambda e: e.timeline.makespan):
-        for cap in caps:
-            if late():
-                return out
-            try:
-                filled = fill_with_w(problem, entry.schedule, memory_cap=int(problem.memory.budget * cap))
-            except ValueError:  # an order W-filling cannot follow is simply not a candidate
-                break
-            name = f"{entry.name}+W({cap:g})"
-            timeline = simulate(problem, filled)
-            out.append(Candidate(name, filled.renamed(name), timeline))
-            if problem.offload.enabled:
-                out.extend(_offloaded(problem, name, filled, timeline))
-    return out
+    fastest = sorted(range(len(applicable)), key=lambda n: applicable[n].timeline.makespan)
+    unfillable: set[int] = set()
+
+    def fill(rank: int, n: int, c: int) -> None:
+        began = time.monotonic()
+        _fill(rank, n, c)
+        last_step[0] = time.monotonic() - began
+
+    def _fill(rank: int, n: int, c: int) -> None:
+        entry, cap = applicable[n], caps[c]
+        try:
+            filled = fill_with_w(problem, entry.schedule, memory_cap=int(problem.memory.budget * cap))
+        except ValueError:  # an order W-filling cannot follow is simply not a candidate
+            unfillable.add(n)
+            return
+        name = f"{entry.name}+W({cap:g})"
+        timeline = simulate(problem, filled)
+        built.append(((3, rank, c, 0), Candidate(name, filled.renamed(name), timeline)))
+        if problem.offload.enabled:
+            built.extend(((3, rank, c, 1 + k), v)
+                         for k, v in enumerate(_offloaded(problem, name, filled, timeline, deadline)))
+
+    # the fastest heuristic's W passes filled under the budget (and offloaded); every heuristic's
+    # offloaded versions; the others' W passes filled under the budget; then the looser caps
+    for rank, n in enumerate(fastest[:1]):
+        if late() or met():
+            return done()
+        fill(rank, n, 0)
+    if problem.offload.enabled:
+        for n in fastest:
+            if late() or met():
+                return done()
+            entry, began = applicable[n], time.monotonic()
+            built.extend(((2, n, k), v) for k, v in enumerate(_offloaded(problem, entry.name, entry.schedule,
+                                                                             entry.timeline, deadline)))
+            last_step[0] = time.monotonic() - began
+    for rank, n in enumerate(fastest[1:], start=1):
+        if late() or met():
+            return done()
+        fill(rank, n, 0)
+    for c in range(1, len(caps)):
+        for rank, n in enumerate(fastest):
+            if n in unfillable:
+                continue
+            if late() or met():
+                return done()
+            fill(rank, n, c)
+    return done()
 
 
-def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline) -> list[Candidate]:
+def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline,
+               deadline: float | None = None) -> list[Candidate]:
+    """The two offloaded variants; the hidden one is dropped when it cannot be placed by ``deadline``."""
     pairs = offloadable(timeline)
     if not pairs:
         return []
     out = []
-    for suffix, place in (("offload", add_offloads), ("hidden-offload", add_hidden_offloads)):
+    hidden = lambda problem, schedule, pairs: add_hidden_offloads(problem, schedule, pairs, deadline)  # noqa: E731
+    for suffix, place in (("offload", add_offloads), ("hidden-offload", hidden)):
         try:
             placed = place(problem, schedule, pairs)
+            if placed is None:
+                continue
             placed_timeline = simulate(problem, placed)
         except OptpipeError:  # a variant that does not apply is simply not a candidate
             continue
