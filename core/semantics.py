@@ -34,7 +34,7 @@ device, then the earlier list position. A transfer ready while the channel is bu
 it frees. That order is a function of the lists alone, so every simulation of a schedule is the
 same. The order stays the simulator's, not a solver's choice: a plan carries per-device lists,
 and no rank can see when its neighbour's transfers became ready. CP-SAT's full model encodes this
-FIFO (cpsat.py); models that order a shared channel otherwise are relaxations whose answers the
+FIFO (cpsat_links.py); models that order a shared channel otherwise are relaxations whose answers the
 simulator re-times.
 """
 
