@@ -184,12 +184,8 @@ def _check_recompute(where: dict[Op, tuple[int, int]], s: int, i: int, backward:
     if off in where:
         raise ScheduleError(f"{rc} and {off}: an activation is kept, offloaded or recomputed, "
                             f"not both offloaded and recomputed")
-    if where[rc][1] < where[Op(_F, s, i)][1]:
-        raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {rc} is listed before "
-                            f"its F{s}:{i}; a recompute re-runs the forward, so it comes after F")
-    if where[rc][1] > where[backward][1]:
-        raise ScheduleError(f"device {where[rc][0]} position {where[rc][1]}: {backward} is listed before "
-                            f"its {rc}; the recompute must come before the backward that uses it")
+    _listed_after(where, Op(_F, s, i), rc, rc, "a recompute re-runs the forward, so it comes after F")
+    _listed_after(where, rc, backward, rc, "the recompute must come before the backward that uses it")
 
 
 def _check_offload(where: dict[Op, tuple[int, int]], s: int, i: int, backward: Op) -> None:
@@ -200,12 +196,15 @@ def _check_offload(where: dict[Op, tuple[int, int]], s: int, i: int, backward: O
     if (off in where) and (rel not in where):
         raise ScheduleError(f"{off} without REL{s}:{i}: an offloaded activation must be reloaded before B")
     if off in where:
-        if where[off][1] < where[Op(_F, s, i)][1]:
-            raise ScheduleError(f"device {where[off][0]} position {where[off][1]}: {off} is listed before "
-                                f"its F{s}:{i}; an offload moves what F saved, so it comes after F")
-        if where[rel][1] > where[backward][1]:
-            raise ScheduleError(f"device {where[rel][0]} position {where[rel][1]}: {backward} is listed before "
-                                f"its {rel}; the reload must come before the backward that uses it")
+        _listed_after(where, Op(_F, s, i), off, off, "an offload moves what F saved, so it comes after F")
+        _listed_after(where, rel, backward, rel, "the reload must come before the backward that uses it")
+
+
+def _listed_after(where: dict[Op, tuple[int, int]], earlier: Op, later: Op, at: Op, why: str) -> None:
+    """``later`` must be listed after ``earlier`` on their device; the error points at ``at``."""
+    if where[later][1] < where[earlier][1]:
+        raise ScheduleError(f"device {where[at][0]} position {where[at][1]}: {later} is listed before "
+                            f"its {earlier}; {why}")
 
 
 def _graph(problem: Problem, schedule: Schedule) -> tuple[list[Op], list[int], list[list[tuple[int, float]]]]:
