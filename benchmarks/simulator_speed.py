@@ -9,8 +9,9 @@ import time
 from rich.table import Table
 
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
-from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
+from optpipe.solvers.heuristics.gpipe import gpipe
 
 from ._common import console, save
 
@@ -23,17 +24,9 @@ def large_problem(p: int = 32, v: int = 2, m: int = 256) -> Problem:
 
 
 def split_backward_schedule(problem: Problem) -> Schedule:
-    """All forwards by stage, then each stage's B and W in turn: 3 compute ops per (stage, microbatch)."""
-    pipe = problem.pipeline
-    devices = []
-    for d in range(pipe.devices):
-        stages = pipe.stages_on(d)
-        ops = [Op(OpKind.F, s, i) for s in stages for i in range(pipe.microbatches)]
-        for s in reversed(stages):
-            for i in range(pipe.microbatches):
-                ops += [Op(OpKind.B, s, i), Op(OpKind.W, s, i)]
-        devices.append(ops)
-    return Schedule.of("split-gpipe", devices)
+    """GPipe with its backwards split: all forwards by stage, then each stage's B and W in turn,
+    3 compute ops per (stage, microbatch)."""
+    return gpipe(problem).with_split_backwards().renamed("split-gpipe")
 
 
 def run(repeats: int = 3) -> list[dict]:

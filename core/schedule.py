@@ -132,6 +132,19 @@ class Schedule:
     def renamed(self, name: str) -> "Schedule":
         return Schedule(name, self.devices)
 
+    def with_split_backwards(self) -> "Schedule":
+        """Every fused BW as B then W, in place: the same order, with W free to move later."""
+        rows = []
+        for ops in self.devices:
+            row: list[Op] = []
+            for op in ops:
+                if op.kind is OpKind.BW:
+                    row += [Op(OpKind.B, op.stage, op.microbatch), Op(OpKind.W, op.stage, op.microbatch)]
+                else:
+                    row.append(op)
+            rows.append(tuple(row))
+        return Schedule(self.name, tuple(rows))
+
     # ----------------------------------------------------------------- text and JSON
 
     def to_text(self) -> str:

@@ -54,7 +54,7 @@ from .cpsat_tight import Reasons, add_tightness, hint_tightness
 from .cpsat_vars import COMPUTE, REL, TRANSFERS, B, Pair, Scope, Variables, W, full_scope
 from .timegrid import Grid
 
-__all__ = ["Model", "Scope", "full_scope", "model_values", "split_backwards"]
+__all__ = ["Model", "Scope", "full_scope", "model_values"]
 
 
 class Model(Variables):
@@ -221,22 +221,8 @@ class Model(Variables):
 # --------------------------------------------------------------------------- schedules in model terms
 
 
-def split_backwards(schedule: Schedule) -> Schedule:
-    """The schedule in the model's form: every fused BW becomes B then W, in place."""
-    rows = []
-    for ops in schedule.devices:
-        row: list[Op] = []
-        for op in ops:
-            if op.kind is OpKind.BW:
-                row += [Op(B, op.stage, op.microbatch), Op(W, op.stage, op.microbatch)]
-            else:
-                row.append(op)
-        rows.append(row)
-    return Schedule.of(schedule.name, rows)
-
-
 def model_values(problem: Problem, grid: Grid, schedule: Schedule) -> tuple[dict[Op, int], frozenset[Pair]]:
     """A schedule in model terms: its starts in units, timed by the simulator's rule with the
     model's (rounded up) durations, so that the values satisfy the model's waits; its offloads."""
-    starts = {op: int(t) for op, t in start_times(problem, split_backwards(schedule), grid.up).items()}
+    starts = {op: int(t) for op, t in start_times(problem, schedule.with_split_backwards(), grid.up).items()}
     return starts, schedule.offloaded
