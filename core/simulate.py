@@ -19,7 +19,7 @@ from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import CHANNEL, At, Channel, Place, duration_ms, effects, instant, link, ready_key, waits
 from optpipe.core.units import format_size
 
-__all__ = ["OpTiming", "Timeline", "simulate", "start_times", "describe_fit", "op_duration"]
+__all__ = ["OpTiming", "Timeline", "simulate", "try_simulate", "start_times", "describe_fit", "op_duration"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 _RC = OpKind.RECOMPUTE
@@ -295,6 +295,15 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     first = min(start) if count else 0.0
     makespan = (max(end) - first) if count else 0.0
     return _replay_memory(problem, schedule, timings, makespan, first)
+
+
+def try_simulate(problem: Problem, schedule: Schedule) -> Timeline | None:
+    """The timeline, or None when the schedule breaks a rule: for searches that try many moves
+    and drop the ones that do not make a schedule."""
+    try:
+        return simulate(problem, schedule)
+    except ScheduleError:
+        return None
 
 
 def _successors(preds) -> tuple[list[list[tuple[int, float]]], list[int]]:

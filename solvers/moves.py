@@ -24,11 +24,10 @@ import random
 import time
 from dataclasses import dataclass
 
-from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS, waits
-from optpipe.core.simulate import Timeline, simulate
+from optpipe.core.simulate import Timeline, simulate, try_simulate
 
 __all__ = ["Moved", "improve_by_moves", "move_score"]
 
@@ -189,9 +188,8 @@ def improve_by_moves(problem: Problem, schedule: Schedule, *, deadline: float, r
                 if time.monotonic() > deadline or (max_tries is not None and tried >= max_tries):
                     return Moved(schedule, timeline, tried, kept)
                 tried += 1
-                try:
-                    new = simulate(problem, candidate)
-                except ScheduleError:
+                new = try_simulate(problem, candidate)
+                if new is None:
                     continue
                 new_score = move_score(new)
                 if new.fits and new_score < score:
@@ -224,9 +222,8 @@ def _chain(problem: Problem, schedule: Schedule, timeline: Timeline, rng: random
         moves = [c for c in _candidates(problem, schedule, timeline, target, schedule.offloaded)]
         if not moves:
             break
-        try:
-            new = simulate(problem, moves[0])
-        except ScheduleError:
+        new = try_simulate(problem, moves[0])
+        if new is None:
             break
         tried += 1
         schedule, timeline = moves[0], new

@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from optpipe.core.errors import OptpipeError, ProblemError, ScheduleError
+from optpipe.core.errors import ProblemError, ScheduleError
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS
-from optpipe.core.simulate import simulate
+from optpipe.core.simulate import simulate, try_simulate
 
 from .offload_slots import activation_windows, add_offloads, round_trip_ms
 
@@ -117,9 +117,8 @@ def flip_decisions(problem: Problem, schedule: Schedule, *, deadline: float, rng
             if problem.offload.enabled and pair not in schedule.offloaded:
                 trials.append(add_offloads(problem, kept, [pair]))
             for trial in trials:
-                try:
-                    timeline = simulate(problem, trial)
-                except OptpipeError:
+                timeline = try_simulate(problem, trial)
+                if timeline is None:
                     continue
                 new_score = score(timeline)
                 if timeline.fits and new_score < best_score:
