@@ -7,12 +7,11 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
-from optpipe.core.errors import BudgetTooSmall, OptpipeError, ProblemError, printable
+from optpipe.core.errors import BudgetTooSmall, OptpipeError, printable
 from optpipe.core.files import check_writable
 from optpipe.core.problem import Problem
 from optpipe.core.problem_file import default_problem, load_problem
@@ -71,27 +70,24 @@ def float_in(low: float, high: float, *, low_open: bool = False, what: str = "nu
 
 def size_option(flag: str):
     """A size option such as "6GiB", checked like memory sizes in problem files."""
-
-    def parse(text: str) -> int:
-        try:
-            return parse_size(text, flag)
-        except ProblemError as error:
-            raise argparse.ArgumentTypeError(str(error).removeprefix(f"{flag}: ")) from None
-
-    parse.__name__ = "size"
-    return parse
+    return _checked(flag, parse_size, "size")
 
 
 def output_path(flag: str):
     """An output file whose folder exists and is writable; checked before any long work starts."""
+    return _checked(flag, check_writable, "path")
 
-    def parse(text: str) -> Path:
+
+def _checked(flag: str, check, name: str):
+    """An argparse type from ``check(text, flag)``: its error, without the flag argparse adds again."""
+
+    def parse(text: str):
         try:
-            return check_writable(text, flag)
+            return check(text, flag)
         except OptpipeError as error:
             raise argparse.ArgumentTypeError(str(error).removeprefix(f"{flag}: ")) from None
 
-    parse.__name__ = "path"
+    parse.__name__ = name
     return parse
 
 
