@@ -26,6 +26,7 @@ claim, so its bound is no proof: only the relaxed model's counts then.
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from typing import Callable
@@ -38,6 +39,7 @@ from optpipe.core.simulate import Timeline, simulate
 
 from .compare import best_fitting, compare
 from .decode import schedule_from_starts
+from .milp_data import choose_milp_grid, lower_bound, prepare, serial_horizon, unit_times
 from .result import Progress, SolveResult, SolveStatus
 
 __all__ = ["solve_milp"]
@@ -74,8 +76,8 @@ def solve_milp(problem: Problem, *, backend: str = "highs", time_limit_s: float 
         raise SolverError(f"seed: expected a non-negative integer like 0, got {seed!r}")
     try:
         # lazy: PuLP and highspy load here, when a MILP is solved, not when milp is imported
-        from . import milp_model  # noqa: F401
-        from . import milp_backend  # noqa: F401
+        for module in ("milp_model", "milp_start", "milp_backend"):
+            importlib.import_module(f"{__package__}.{module}")
     except ImportError as error:
         raise SolverError(f"the MILP solver needs PuLP and highspy ({error}); install them with "
                           f"pip install pulp highspy") from None
@@ -90,9 +92,9 @@ class _Search:
     """One call of solve_milp: the stages, the best schedule so far and the proven bound."""
 
     def __init__(self, problem, backend, deadline, seed, threads, split, began, on_progress, label=""):
-        from . import milp_model as mm  # lazy: imports PuLP
+        from . import milp_model  # lazy: imports PuLP
 
-        self.mm = mm
+        self.mm = milp_model
         self.problem = problem
         self.backend = backend
         self.deadline = deadline
@@ -103,7 +105,7 @@ class _Search:
         self.on_progress = on_progress
         self.label = label
         self.solver = f"milp-{backend}"
-        self.data = mm.prepare(problem, mm.choose_milp_grid(problem), split=split)
+        self.data = prepare(problem, choose_milp_grid(problem), split=split)
         self.unit = self.data.grid.resolution_ms
         self.bound: int | None = None  # units, proven for every schedule
 
@@ -124,7 +126,7 @@ class _Search:
     def run(self, hint: Schedule | None) -> SolveResult:
         problem = self.problem
         hint_timeline = simulate(problem, hint) if hint is not None else None
-        floor = self.mm.lower_bound(self.data)  # memory-free: no schedule beats it
+        floor = lower_bound(self.data)  # memory-free: no schedule beats it
         if problem.offload.enabled:
             plain = self.without_offload(hint)
             if plain is not None and plain.timeline.fits:
@@ -150,13 +152,10 @@ class _Search:
 
     def rounds(self, hint: Schedule | None, hint_timeline: Timeline | None):
         """Stages 2 and 3: ("infeasible", None), ("found", (schedule, timeline, objective_ms)) or None."""
-        from .milp_backend import run_backend  # lazy: imports PuLP
-
-        problem, mm = self.problem, self.mm
         if self.left() < _MIN_SOLVE_S:
             self.report(None, "time limit reached before the first solve")
             return None
-        exact = not problem.offload.enabled  # without transfers the relaxation is exact
+        exact = not self.problem.offload.enabled  # without transfers the relaxation is exact
         model, start = self.model_with_start(hint, hint_timeline, asap=False)
         clean = True  # no claim forbidden yet: the model's bound holds for every schedule
         best = None
@@ -165,44 +164,16 @@ class _Search:
             if left < _MIN_SOLVE_S:
                 self.report(None, "time limit reached")
                 break
-            trusted = clean
-
-            def on_incumbent(objective: float, bound: float | None, trusted=trusted) -> None:
-                shown = math.ceil(bound - 1e-6) if trusted and bound is not None else self.bound
-                self.report(round(objective) * self.unit, f"{self.backend}: new incumbent", shown)
-
-            limit = left if exact else left * _RELAXED_SHARE
-            run = run_backend(model.lp, self.backend, time_limit_s=limit, seed=self.seed, threads=self.threads,
-                              start=start, on_incumbent=on_incumbent if self.backend == "highs" else None)
-            if clean and run.bound is not None:
-                proven = math.ceil(run.bound - 1e-6)  # every makespan is a whole number of units
-                self.bound = proven if self.bound is None else max(self.bound, proven)
+            run = self.solve_once(model, start, clean, left if exact else left * _RELAXED_SHARE)
             if clean and run.status == "infeasible":
                 self.report(None, f"round {round_number}: {self.backend} proved that no schedule fits")
                 return "infeasible", None
-            timeline = None
-            if run.values is not None:
-                broken = _violation(model.lp, lambda var: run.values[var.name])
-                if broken > _TOLERANCE:
-                    raise InternalError(f"{self.backend} returned a solution that breaks its model (by {broken:g}); "
-                                        f"try the other backend")
-                schedule = _decode(model, run.values, self.solver)
-                timeline = simulate(problem, schedule)
-                objective_ms = round(run.objective) * self.unit
-                if not model.tight:  # relaxed: its ops may wait where the simulator's would not
-                    objective_ms = self.model_makespan(schedule) * self.unit
-                verdict = "fits" if timeline.fits else "breaks the budget"
-                self.report(timeline.makespan if timeline.fits else None,
-                            f"round {round_number}: {run.status} at {objective_ms:g} ms, simulated "
-                            f"{timeline.makespan:g} ms, {verdict}")
-                if timeline.fits and (best is None or timeline.makespan < best[1].makespan):
-                    best = (schedule, timeline, objective_ms)
-                if timeline.fits and (run.status == "optimal" or exact):
-                    break  # proven, or the exact model's time is up
-            else:
-                self.report(None, f"round {round_number}: {self.backend} found no schedule ({run.status})")
-                if exact:
-                    break
+            found = self.judge(model, run, round_number)
+            fits = found is not None and found[1].fits
+            if fits and (best is None or found[1].makespan < best[1].makespan):
+                best = found
+            if (fits and (run.status == "optimal" or exact)) or (found is None and exact):
+                break  # proven, or the exact model's time is up
             if not exact:
                 # The relaxed solution waited for memory, or time ran out: the exact model takes over,
                 # warm-started from the best fitting schedule so far.
@@ -216,19 +187,54 @@ class _Search:
                 self.report(None, "solving the exact (as-soon-as-possible) model: the simulator never lets an op "
                                   "wait for memory")
                 continue
-            forbidden = _repair(model, run.values, timeline)
+            forbidden = _repair(model, run.values, found[1])
             clean = False
             self.report(None, f"round {round_number}: the rounded durations moved an allocation; "
                               f"{forbidden} memory claims forbidden")
             if forbidden == 0:
                 break
-            start = _valid_start(mm, model, hint, hint_timeline)
+            start = _valid_start(model, hint, hint_timeline)
         return ("found", best) if best is not None else None
+
+    def solve_once(self, model, start, clean: bool, limit: float):
+        """One backend run; its bound counts (``clean``) when no claim has been forbidden."""
+        from .milp_backend import run_backend  # lazy: imports PuLP
+
+        def on_incumbent(objective: float, bound: float | None) -> None:
+            shown = math.ceil(bound - 1e-6) if clean and bound is not None else self.bound
+            self.report(round(objective) * self.unit, f"{self.backend}: new incumbent", shown)
+
+        run = run_backend(model.lp, self.backend, time_limit_s=limit, seed=self.seed, threads=self.threads,
+                          start=start, on_incumbent=on_incumbent if self.backend == "highs" else None)
+        if clean and run.bound is not None:
+            proven = math.ceil(run.bound - 1e-6)  # every makespan is a whole number of units
+            self.bound = proven if self.bound is None else max(self.bound, proven)
+        return run
+
+    def judge(self, model, run, round_number: int):
+        """The run's answer decoded and re-simulated: (schedule, timeline, objective_ms), or None."""
+        if run.values is None:
+            self.report(None, f"round {round_number}: {self.backend} found no schedule ({run.status})")
+            return None
+        broken = _violation(model.lp, lambda var: run.values[var.name])
+        if broken > _TOLERANCE:
+            raise InternalError(f"{self.backend} returned a solution that breaks its model (by {broken:g}); "
+                                f"try the other backend")
+        schedule = _decode(model, run.values, self.solver)
+        timeline = simulate(self.problem, schedule)
+        objective_ms = round(run.objective) * self.unit
+        if not model.tight:  # relaxed: its ops may wait where the simulator's would not
+            objective_ms = self.model_makespan(schedule) * self.unit
+        verdict = "fits" if timeline.fits else "breaks the budget"
+        self.report(timeline.makespan if timeline.fits else None,
+                    f"round {round_number}: {run.status} at {objective_ms:g} ms, simulated "
+                    f"{timeline.makespan:g} ms, {verdict}")
+        return schedule, timeline, objective_ms
 
     def model_makespan(self, schedule: Schedule) -> int:
         """The schedule's makespan in the model's units, every op as soon as it may (the simulator's
         rule with the model's durations): what the exact model says of it."""
-        times = self.mm.unit_times(self.data, schedule)
+        times = unit_times(self.data, schedule)
         return max(t + self.data.duration[op] for op, t in times.items())
 
     def model_with_start(self, hint, hint_timeline, *, asap: bool, floor: int = 0):
@@ -237,15 +243,15 @@ class _Search:
         # CBC 2.10 (PuLP's bundled binary) has proven wrong optima from a MIP start when the objective
         # variable was integer (its probing); HiGHS is right and twice as fast with it integer.
         integral = self.backend != "cbc"
-        model = mm.build_model(data, mm.serial_horizon(data), asap=asap, floor=floor, integral_makespan=integral)
-        start = _valid_start(mm, model, hint, hint_timeline)
+        model = mm.build_model(data, serial_horizon(data), asap=asap, floor=floor, integral_makespan=integral)
+        start = _valid_start(model, hint, hint_timeline)
         if start is None:
             return model, None
         horizon = int(round(start[model.makespan]))
         if horizon >= model.horizon:
             return model, start
         tighter = mm.build_model(data, horizon, asap=asap, floor=floor, integral_makespan=integral)
-        return tighter, _valid_start(mm, tighter, hint, hint_timeline)
+        return tighter, _valid_start(tighter, hint, hint_timeline)
 
     # ----------------------------------------------------------------- result
 
@@ -284,11 +290,13 @@ def _default_hint(problem: Problem) -> Schedule | None:
     return best.schedule if best is not None else None
 
 
-def _valid_start(mm, model, hint: Schedule | None, hint_timeline: Timeline | None):
+def _valid_start(model, hint: Schedule | None, hint_timeline: Timeline | None):
     """The hint's variable values when they satisfy every constraint (bounds included), else None."""
+    from .milp_start import start_values  # lazy: imports PuLP
+
     if hint is None or hint_timeline is None or not hint_timeline.fits:
         return None
-    values = mm.start_values(model, hint)
+    values = start_values(model, hint)
     if values is None or _violation(model.lp, values.__getitem__) > _TOLERANCE:
         return None
     return values

@@ -262,7 +262,7 @@ def test_hint_is_a_solution_of_both_models_and_unit_times_match_the_simulator():
     assert {op: t.start for op, t in timeline.by_op.items()} == {op: t * 0.5 for op, t in times.items()}
     for asap in (False, True):
         model = mm.build_model(data, mm.serial_horizon(data), asap=asap)
-        values = _valid_start(mm, model, hint, timeline)
+        values = _valid_start(model, hint, timeline)
         assert values is not None, f"the hint breaks the {'exact' if asap else 'relaxed'} model"
         assert values[model.makespan] * 0.5 == timeline.makespan
 

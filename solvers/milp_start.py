@@ -1,0 +1,73 @@
+"""Start values for the MILP: every variable set to describe a given schedule (a warm start).
+
+The start times are the schedule's as the simulator would run it with the model's rounded
+durations (milp_data.unit_times); every binary is set to what those times make true. The caller
+checks the values against the model's rows before handing them to a backend.
+"""
+
+from __future__ import annotations
+
+import pulp
+
+from optpipe.core.schedule import Op, OpKind, Schedule
+
+from .milp_data import unit_times
+from .milp_model import MilpModel, Relief
+
+__all__ = ["start_values"]
+
+_F, _OFF, _REL = OpKind.F, OpKind.OFFLOAD, OpKind.RELOAD
+
+
+def start_values(model: MilpModel, schedule: Schedule) -> dict[pulp.LpVariable, float] | None:
+    """Values for every variable that describe ``schedule``, or None when it cannot run.
+
+    Relief claims are set where the schedule's unit times make them true; the caller checks
+    the values against the constraints (a hint may break the budget at unit times).
+    """
+    data = model.data
+    times = unit_times(data, schedule)
+    if times is None:
+        return None
+    offloaded = schedule.offloaded
+    values: dict[pulp.LpVariable, float] = {}
+    for op in data.ops:
+        values[model.start[op]] = times[op]
+    for (s, i), x in model.offload.items():
+        off, rel, f = Op(_OFF, s, i), Op(_REL, s, i), Op(_F, s, i)
+        chosen = (s, i) in offloaded
+        values[x] = 1.0 if chosen else 0.0
+        o = times[off] if chosen else times[f] + data.duration[f]
+        values[model.start[off]] = o
+        values[model.start[rel]] = times[rel] if chosen else o + data.duration[off]
+    start = {op: values[var] for op, var in model.start.items()}
+    for (a, b), y in model.order.items():
+        values[y] = 1.0 if start[a] < start[b] or (start[a] == start[b] and a < b) else 0.0
+
+    def end(op: Op) -> float:
+        return start[op] + data.duration[op]
+
+    for relief, var in model.relief.items():
+        kind, subject, event = relief
+        t = start[event]
+        margin = model.margin
+        if kind == "away":
+            rel = Op(_REL, subject.stage, subject.microbatch)
+            true = (subject.stage, subject.microbatch) in offloaded and end(subject) + margin <= t \
+                and start[rel] >= t + 1 + margin
+        elif kind == "pending":
+            true = start[subject] >= t + 1 + margin
+        else:  # "ended" and "back"
+            true = end(subject) + margin <= t
+        values[var] = 1.0 if true else 0.0
+    for (off_a, event), var in model.host.items():
+        a = (off_a.stage, off_a.microbatch)
+        earlier = start[off_a] < start[event] or (start[off_a] == start[event] and off_a < event)
+        back = model.relief[Relief("back", Op(_REL, *a), event)]
+        values[var] = max(0.0, values[model.offload[a]] + (1.0 if earlier else 0.0) - 1.0 - values[back])
+    for (target, source, lag), var in model.tight.items():
+        values[var] = 1.0 if start[target] == end(source) + lag else 0.0
+        if source.kind in (_OFF, _REL) and (source.stage, source.microbatch) not in offloaded:
+            values[var] = 0.0
+    values[model.makespan] = max(end(op) for op in data.ops)
+    return values
