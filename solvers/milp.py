@@ -17,6 +17,9 @@ solution that fits only because an op waited is no schedule. The solver works in
    forbidden and the model is solved again (each round forbids at least one more claim, so
    the loop ends); bounds only count from models no claim was forbidden in.
 
+Each (stage, microbatch) is kept, offloaded or, with ``[recompute]``, recomputed: the model
+decides, as CP-SAT's does (issue 14), and its RECOMPUTE ops come back in the schedule.
+
 Times are whole units of the shared grid (timegrid.py) with durations rounded up: objectives
 are exact for those durations and the simulated makespan (exact durations) is never above the
 model's; the reported lower bound is the model's shrunk by the largest rounding, so it holds
@@ -65,8 +68,6 @@ def solve_milp(problem: Problem, *, backend: str = "highs", time_limit_s: float 
     if backend not in _BACKENDS:
         raise SolverError(f"unknown MILP backend {backend!r}; expected one of {', '.join(_BACKENDS)} "
                           f"(HiGHS through highspy, or the CBC binary bundled with PuLP)")
-    if hint is not None and hint.recomputed:  # the MILP decides keep or offload only (issue 14: CP-SAT recomputes)
-        hint = None
     if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float)) \
             or not math.isfinite(time_limit_s) or time_limit_s <= 0:
         raise SolverError(f"time limit: expected a positive number of seconds like 60, got {time_limit_s!r}")
@@ -286,7 +287,7 @@ class _Search:
 
 def _default_hint(problem: Problem) -> Schedule | None:
     """The fastest registered heuristic that fits the budget, if any."""
-    best = best_fitting([entry for entry in compare(problem) if entry.schedule is None or not entry.schedule.recomputed])
+    best = best_fitting(compare(problem))
     return best.schedule if best is not None else None
 
 
@@ -324,9 +325,12 @@ def _decode(model, values: dict[str, float], name: str) -> Schedule:
     """Start times in ms for every op the solution runs, then the shared decoder."""
     unit = model.data.grid.resolution_ms
     chosen = {item for item, x in model.offload.items() if values[x.name] > 0.5}
+    recomputed = {item for item, r in model.recompute.items() if values[r.name] > 0.5}
     starts: dict[Op, float] = {}
     for op, var in model.start.items():
         if op.kind in TRANSFER_KINDS and (op.stage, op.microbatch) not in chosen:
+            continue
+        if op.kind is OpKind.RECOMPUTE and (op.stage, op.microbatch) not in recomputed:
             continue
         value = values[var.name]
         nearest = round(value)
@@ -353,6 +357,9 @@ def _holds(relief, timeline: Timeline) -> bool:
     by_op = timeline.by_op
     t = _at(by_op[relief.event].start)
     subject = by_op.get(relief.subject)
+    if relief.kind == "recomputing":
+        again = by_op.get(Op(OpKind.RECOMPUTE, relief.subject.stage, relief.subject.microbatch))
+        return again is not None and _at(subject.end) <= t and _at(again.start) > t
     if relief.kind == "away":
         reload = by_op.get(Op(OpKind.RELOAD, relief.subject.stage, relief.subject.microbatch))
         return subject is not None and reload is not None and _at(subject.end) <= t and _at(reload.start) > t
@@ -362,7 +369,7 @@ def _holds(relief, timeline: Timeline) -> bool:
 
 
 def _overflowing_events(timeline: Timeline) -> set[Op]:
-    """Allocations (F and RELOAD starts; on the host, OFFLOAD starts) at which memory is over budget."""
+    """Allocations (F, RECOMPUTE and RELOAD starts; on the host, OFFLOAD starts) at which memory is over budget."""
     problem = timeline.problem
     over: set[Op] = set()
     budget = problem.memory.budget
@@ -370,7 +377,7 @@ def _overflowing_events(timeline: Timeline) -> set[Op]:
         times = {t for t, held in curve if held > budget}
         if times:
             over.update(t.op for t in timeline.timings if t.device == device
-                        and t.op.kind in (OpKind.F, OpKind.RELOAD) and _at(t.start) in times)
+                        and t.op.kind in (OpKind.F, OpKind.RECOMPUTE, OpKind.RELOAD) and _at(t.start) in times)
     if problem.offload.enabled:
         for device in range(problem.devices):
             events = []  # the host's side of each transfer (semantics.effects), as the simulator replays it

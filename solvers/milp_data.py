@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Problem
-from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.semantics import duration_ms, waits
 from optpipe.core.simulate import start_times
 
@@ -41,7 +41,7 @@ class ModelData:
     grid: Grid
     split: bool  # B and W as two ops (True) or one fused BW
     ops: tuple[Op, ...]  # compute ops in a topological order of ``edges``
-    duration: dict[Op, int]  # units; compute ops, and OFFLOAD/RELOAD of every item when offload is enabled
+    duration: dict[Op, int]  # units; compute ops, and OFFLOAD/RELOAD (RECOMPUTE) of every item when enabled
     edges: tuple[tuple[Op, Op, int], ...]  # (earlier, later, lag units): dependencies and microbatch order
     head: dict[Op, int]  # earliest start
     tail: dict[Op, int]  # own duration plus the longest chain that must follow
@@ -82,6 +82,7 @@ def prepare(problem: Problem, grid: Grid, split: bool = True) -> ModelData:
     stages, microbatches = pipe.stages, pipe.microbatches
     kinds = (_F, _B, _W) if split else (_F, _BW)
     transfers = (_OFF, _REL) if problem.offload.enabled else ()
+    transfers += (OpKind.RECOMPUTE,) if problem.recompute.enabled else ()  # optional ops, like transfers
 
     duration: dict[Op, int] = {}
     for s in range(stages):
@@ -100,7 +101,7 @@ def prepare(problem: Problem, grid: Grid, split: bool = True) -> ModelData:
                 if i > 0:
                     edges.append((Op(kind, s, i - 1), op, 0))
 
-    compute = [op for op in duration if op.kind in COMPUTE_KINDS]
+    compute = [op for op in duration if op.kind in kinds]
     succs: dict[Op, list[tuple[Op, int]]] = {op: [] for op in compute}
     indegree = {op: 0 for op in compute}
     for a, b, gap in edges:

@@ -1,4 +1,5 @@
-"""The MILP's memory rows: device memory at every F and RELOAD start, host memory at every OFFLOAD start.
+"""The MILP's memory rows: device memory at every F, RECOMPUTE and RELOAD start, host memory at every
+OFFLOAD start.
 
 Memory grows only at those starts (core/semantics.py), so it is checked there. What compute ops
 hold at an F start follows from the device order alone and is written with the ordering
@@ -12,19 +13,21 @@ from __future__ import annotations
 import pulp
 
 from optpipe.core.schedule import Op, OpKind
-from optpipe.core.semantics import holds
+from optpipe.core.errors import InternalError
+from optpipe.core.semantics import At, holds
 
 from .milp_data import lp_name
 
-__all__ = ["MemoryRows"]
+__all__ = ["MemoryRows", "retaken_bytes"]
 
-_F, _OFF, _REL = OpKind.F, OpKind.OFFLOAD, OpKind.RELOAD
+_F, _OFF, _REL, _RC = OpKind.F, OpKind.OFFLOAD, OpKind.RELOAD, OpKind.RECOMPUTE
 
 
 class MemoryRows:
     """The memory family of constraints, mixed into milp_model's builder, which holds the LP, the
-    variables, the per-device items, the memory units (``unit``, ``taken``, ``hosted``) and the
-    helpers ``before``, ``claim``, ``at_least`` and ``channel_before`` these rows use."""
+    variables, the per-device items, the memory units (``unit``, ``taken``, ``hosted``,
+    ``retaken``) and the helpers ``before``, ``claim``, ``at_least``, ``channel_before`` and
+    ``recomputes_on`` these rows use."""
 
     def away_at(self, sa: int, ia: int, event: Op, started, ended) -> pulp.LpVariable:
         """A binary that, when 1, counts (sa, ia)'s activation as on the host at ``event``: it is
@@ -49,34 +52,70 @@ class MemoryRows:
 
     def forward_events(self) -> None:
         """Device memory at every F start: ordering variables for compute, relief for transfers."""
-        data, memory = self.data, self.problem.memory
-        act = self.taken
-        budget = memory.budget / self.unit
         for device in range(self.problem.devices):
-            items = self.items_on[device]
-            for sb, ib in items:
-                event = Op(_F, sb, ib)
-                terms, worst = [act[sb]], act[sb]
-                pending_claims = []
-                for sa, ia in items:
-                    if (sa, ia) == (sb, ib):
-                        continue
-                    fa, back = Op(_F, sa, ia), data.back(sa, ia)
-                    held = self.before(fa, event)
-                    if isinstance(held, int) and held == 0:
-                        continue
-                    freed_back = self.before(back, event)
-                    for amount, release in self.holds(sa, ia):
-                        freed = self.before(release, event)
-                        terms += [amount * held, -amount * freed]
-                        worst += amount - amount * _fixed(freed)
-                    if self.problem.offload.enabled and _fixed(freed_back) == 0:
-                        pending_claims.append((sa, ia, held, freed_back))
-                if worst <= budget + 1e-9:
-                    continue
-                for sa, ia, held, freed_back in pending_claims:
-                    terms.append(-act[sa] * self.away_at(sa, ia, event, held, freed_back))
-                self.lp += pulp.lpSum(terms) <= budget
+            for sb, ib in self.items_on[device]:
+                self.device_row(Op(_F, sb, ib), device, None)
+
+    def recompute_events(self) -> None:
+        """Device memory at every RECOMPUTE start (only binding when the item is recomputed)."""
+        for device in range(self.problem.devices):
+            for rc in self.recomputes_on(device):
+                self.device_row(rc, device, self.recompute[(rc.stage, rc.microbatch)])
+
+    def device_row(self, event: Op, device: int, gate) -> None:
+        """Memory at the start of compute op ``event`` (an F or a RECOMPUTE, which takes the whole
+        activation of its item) is within the budget, when ``gate`` (None or a binary) is 1."""
+        data, act = self.data, self.taken
+        budget = self.problem.memory.budget / self.unit
+        sb, ib = event.stage, event.microbatch
+        terms, worst = [act[sb]], act[sb]
+        pending_claims, recomputing = [], []
+        for sa, ia in self.items_on[device]:
+            if (sa, ia) == (sb, ib):
+                continue
+            fa, back = Op(_F, sa, ia), data.back(sa, ia)
+            held = self.before(fa, event)
+            if isinstance(held, int) and held == 0:
+                continue
+            freed_back = self.before(back, event)
+            for amount, release in self.holds(sa, ia):
+                freed = self.before(release, event)
+                terms += [amount * held, -amount * freed]
+                worst += amount - amount * _fixed(freed)
+            if self.problem.offload.enabled and _fixed(freed_back) == 0:
+                pending_claims.append((sa, ia, held, freed_back))
+            if (sa, ia) in self.recompute and _fixed(freed_back) == 0:
+                recomputing.append((sa, ia, held))
+        if worst <= budget + 1e-9:
+            return
+        for sa, ia, held, freed_back in pending_claims:
+            terms.append(-act[sa] * self.away_at(sa, ia, event, held, freed_back))
+        for sa, ia, held in recomputing:
+            later = self.before(event, Op(_RC, sa, ia))  # RECOMPUTE(a) has not started
+            if not (isinstance(later, int) and later == 0):
+                terms.append(-self.retaken[sa] * self.recomputing_at(sa, ia, event, held, later))
+        if gate is None:
+            self.lp += pulp.lpSum(terms) <= budget
+        else:
+            self.lp += pulp.lpSum(terms) <= budget + (worst - budget) * (1 - gate)
+
+    def recomputing_at(self, sa: int, ia: int, event: Op, started, later, ended=None) -> pulp.LpVariable:
+        """A binary that, when 1, counts (sa, ia)'s activation as given back at ``event``: it is
+        recomputed, its F has ended by the event's start (``started`` for a compute op on its
+        device) and its RECOMPUTE starts after it (``later``). ``ended``: its backward's end, at a
+        RELOAD, whose timing is claimed like ``away_at``'s."""
+        f, rc = Op(_F, sa, ia), Op(_RC, sa, ia)
+        claim = self.claim("recomputing", f, event)
+        self.lp += claim <= self.recompute[(sa, ia)]
+        for term in (started, later):
+            if not isinstance(term, int):
+                self.lp += claim <= term
+        if event.kind is _REL:
+            if not isinstance(ended, int):
+                self.lp += claim + ended <= 1
+            self.at_least(event, f, self.data.duration[f] + self.margin, 1 - claim)
+            self.at_least(rc, event, 1 + self.margin, 1 - claim)
+        return claim
 
     def reload_events(self) -> None:
         """Device memory at every RELOAD start (only binding when the item is offloaded)."""
@@ -87,7 +126,7 @@ class MemoryRows:
             items = self.items_on[device]
             for sr, ir in items:
                 event, f_r, back_r = Op(_REL, sr, ir), Op(_F, sr, ir), data.back(sr, ir)
-                plan = []
+                plan, may_give_back = [], set()
                 worst = act[sr]
                 for sa, ia in items:
                     if (sa, ia) == (sr, ir):
@@ -99,6 +138,8 @@ class MemoryRows:
                     # whether each releasing op (B then W, or BW) has ended by the reload: 1, 0 or open
                     ended = {op: _status(data.order(op, f_r), data.order(op, back_r)) for op in chain}
                     may_be_away = ended[chain[0]] != 1 and not (sa == sr and ia < ir)
+                    if (sa, ia) in self.recompute and ended[chain[0]] != 1:
+                        may_give_back.add((sa, ia))
                     plan.append((sa, ia, started, chain, ended, may_be_away))
                     worst += sum(amount * (ended[release] != 1) for amount, release in self.holds(sa, ia))
                 if worst <= budget + 1e-9:
@@ -121,6 +162,9 @@ class MemoryRows:
                         terms += [amount * started, -amount * ended[release]]
                     if may_be_away:
                         terms.append(-act[sa] * self.away_at(sa, ia, event, started, ended[chain[0]]))
+                    if (sa, ia) in may_give_back:
+                        terms.append(-self.retaken[sa] * self.recomputing_at(sa, ia, event, started, 1,
+                                                                             ended[chain[0]]))
                 self.lp += pulp.lpSum(terms) <= budget + (worst - budget) * (1 - self.offload[(sr, ir)])
 
     def host_events(self) -> None:
@@ -168,3 +212,23 @@ def _status(before_forward: int | None, before_backward: int | None) -> int | No
         return 0
     return None
 
+
+def retaken_bytes(problem, stage: int, fused: bool) -> int:
+    """What a recomputed activation of ``stage`` gives back from F's end to RECOMPUTE's start and
+    takes again then (semantics.holds, recomputed). The rows count a recomputed activation as a
+    kept one less this much in that span: checked here against semantics.py, hold by hold."""
+    kept = holds(problem, stage, 0, fused=fused)
+    again = holds(problem, stage, 0, fused=fused, recomputed=True)
+    retaken = sum(h.bytes for h in again if h.begins.op.kind is _RC)
+    during_f = sum(h.bytes for h in again if h.ends.op.kind is _F and h.ends.at is At.END)
+    released = {}
+    for sign, group in ((1, kept), (-1, again)):
+        for h in group:
+            if h.ends.op.kind is not _F:
+                released[h.ends.op] = released.get(h.ends.op, 0) + sign * h.bytes
+    if during_f != retaken or any(released.values()) or not all(
+            h.begins.op.kind in (_F, _RC) and h.begins.at is At.START for h in again):
+        raise InternalError(f"the MILP's recompute rows assume a recomputed activation is a kept one that "
+                            f"gives back {retaken} bytes from F's end to RECOMPUTE's start; semantics.holds "
+                            f"says otherwise for stage {stage}")
+    return retaken

@@ -10,7 +10,9 @@ memory effects are the ones of core/semantics.py.
 Variables: a start time per op; per pair of compute ops on one device that the dependencies
 do not already order, an ordering binary; per (stage, microbatch) an offload binary with its
 OFFLOAD and RELOAD start times, and ordering binaries between transfers of different stages on
-one channel; "relief" binaries for memory (see ``Relief``). Microbatches are interchangeable
+one channel; with ``[recompute]`` (issue 14) per (stage, microbatch) a recompute binary (never with
+the offload one) with its RECOMPUTE start time, ordered against the other compute ops of its
+device; "relief" binaries for memory (see ``Relief``). Microbatches are interchangeable
 (costs depend on the stage only): renaming each stage's ops by their rank in time keeps every
 constraint (the k-th B of a stage still follows the k-th F, the k-th RELOAD the k-th OFFLOAD,
 ...), so each stage runs F, B, W, OFFLOAD and RELOAD in microbatch order without loss.
@@ -22,14 +24,14 @@ schedule (warm starts) are milp_start.py.
 Two forms. The relaxed one lets an op start later than it could, for instance an F waiting
 for an OFFLOAD to free memory; its bound holds for every schedule. The simulator never waits
 like that, so the exact one (``asap=True``) adds, per op, binaries choosing what it starts
-right after (``Tight``): a compute op after its device predecessor, its data or its RELOAD; a
-transfer at the end of a compute op on its device (where the runtime issues it), after its
+right after (``Tight``): a compute op (RECOMPUTE too) after its device predecessor, its data or
+its RELOAD; a transfer at the end of a compute op on its device (where the runtime issues it), after its
 channel predecessor or after its own dependency. Its timing is the simulator's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import pulp
@@ -39,7 +41,7 @@ from optpipe.core.semantics import Place, holds, waits
 
 # The data names are re-exported: tests and benchmarks import them from here.
 from .milp_data import ModelData, choose_milp_grid, lower_bound, lp_name, prepare, serial_horizon, unit_times
-from .milp_memory import MemoryRows
+from .milp_memory import MemoryRows, retaken_bytes
 
 __all__ = [
     "Tight",
@@ -55,6 +57,7 @@ __all__ = [
 ]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
+_RC = OpKind.RECOMPUTE
 
 
 class Relief(NamedTuple):
@@ -63,7 +66,9 @@ class Relief(NamedTuple):
     kind "away": subject OFFLOAD(a) has ended and RELOAD(a) has not started;
     kind "pending": subject F(a) has not started;
     kind "ended": subject B/W/BW(a) has ended;
-    kind "back": subject RELOAD(a) has ended (host memory, at an OFFLOAD start).
+    kind "back": subject RELOAD(a) has ended (host memory, at an OFFLOAD start);
+    kind "recomputing": subject F(a) has ended and RECOMPUTE(a) has not started (a recomputed
+    activation gives back all but its resident bytes in between).
     The model ties each claim to the start times; the simulator's timing may still break it
     (it starts every op as early as it can), which the solver's repair loop checks.
     """
@@ -94,6 +99,7 @@ class MilpModel:
     host: dict[tuple[Op, Op], pulp.LpVariable]  # (OFFLOAD a, OFFLOAD b): a's bytes still on the host at b's start
     tight: dict[Tight, pulp.LpVariable]  # empty unless built with asap=True
     margin: int = 0  # units every relief claim keeps from its event (the grid's slack in the exact model)
+    recompute: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)  # 1: RECOMPUTE runs (issue 14)
 
 
 class _Builder(MemoryRows):
@@ -113,6 +119,7 @@ class _Builder(MemoryRows):
         self.relief: dict[Relief, pulp.LpVariable] = {}
         self.host: dict[tuple[Op, Op], pulp.LpVariable] = {}
         self.tight: dict[Tight, pulp.LpVariable] = {}
+        self.recompute: dict[tuple[int, int], pulp.LpVariable] = {}
         self.items_on = [[(s, i) for s in self.problem.pipeline.stages_on(d) for i in range(self.problem.microbatches)]
                          for d in range(self.problem.devices)]
         self.unit = max(self.problem.memory.activation) or 1  # memory rows in units of the largest activation
@@ -122,6 +129,9 @@ class _Builder(MemoryRows):
         self.taken = [sum(h.bytes for h in holds(self.problem, s, 0, fused=not data.split)) / self.unit for s in stages]
         self.hosted = [sum(h.bytes for h in holds(self.problem, s, 0, offloaded=True) if h.place is Place.HOST)
                        / self.unit for s in stages]
+        # per stage: what a recomputed activation gives back from F's end to RECOMPUTE's start
+        self.retaken = [retaken_bytes(self.problem, s, fused=not data.split) / self.unit for s in stages] \
+            if self.problem.recompute.enabled else []
 
     # ----------------------------------------------------------------- helpers
 
@@ -131,9 +141,33 @@ class _Builder(MemoryRows):
     def lb(self, op: Op) -> float:
         return self.start[op].lowBound
 
+    def fixed_order(self, a: Op, b: Op) -> int | None:
+        """``ModelData.order`` for RECOMPUTE ops too: RECOMPUTE(a) runs after F(a), before a's backward."""
+        data = self.data
+        if a.kind is not _RC and b.kind is not _RC:
+            return data.order(a, b)
+        if a.kind is not _RC:
+            flipped = self.fixed_order(b, a)
+            return None if flipped is None else 1 - flipped
+        f, back = Op(_F, a.stage, a.microbatch), data.back(a.stage, a.microbatch)
+        if b.kind is _RC:
+            if data.order(back, Op(_F, b.stage, b.microbatch)) == 1:
+                return 1
+            return 0 if data.order(data.back(b.stage, b.microbatch), f) == 1 else None
+        if b == back or data.order(back, b) == 1:
+            return 1
+        return 0 if b == f or data.order(b, f) == 1 else None
+
+    def absent(self, op: Op):
+        """0, or for a RECOMPUTE the 0-1 expression that is 1 when it does not run."""
+        return 1 - self.recompute[(op.stage, op.microbatch)] if op.kind is _RC else 0
+
+    def recomputes_on(self, device: int) -> list[Op]:
+        return [Op(_RC, s, i) for s, i in self.items_on[device] if (s, i) in self.recompute]
+
     def before(self, a: Op, b: Op):
         """1/0 or a 0-1 expression: compute op a runs before compute op b (same device)."""
-        fixed = self.data.order(a, b)
+        fixed = self.fixed_order(a, b)
         if fixed is not None:
             return fixed
         if (a, b) in self.order:
@@ -245,6 +279,32 @@ class _Builder(MemoryRows):
                                 self.precede(a, b, 0, both + 1 - y)
                                 self.precede(b, a, 0, both + y)
 
+    def recomputes(self) -> None:
+        """Issue 14: per (stage, microbatch) a binary choosing recompute (never with offload) and a
+        RECOMPUTE op after F, before the backward, one compute op at a time on its device."""
+        data = self.data
+        for s, i in data.items:
+            r = self.recompute[(s, i)] = self.lp.add_variable(f"c_{s}_{i}", cat=pulp.LpBinary)
+            if self.problem.offload.enabled:
+                self.lp += r + self.offload[(s, i)] <= 1
+            f, rc, back = Op(_F, s, i), Op(_RC, s, i), data.back(s, i)
+            lo = self.lb(f) + data.duration[f]
+            self.start[rc] = self.lp.add_variable(f"s_{lp_name(rc)}", lowBound=lo,
+                                                  upBound=max(self.ub(back) - data.duration[rc], lo))
+            self.precede(f, rc, 0, 1 - r)
+            self.precede(rc, back, 0, 1 - r)
+        for device in range(self.problem.devices):
+            mine = [op for op in data.ops if data.device(op) == device] + self.recomputes_on(device)
+            for n, a in enumerate(mine):
+                for b in mine[n + 1:]:
+                    if (a.kind is not _RC and b.kind is not _RC) or self.fixed_order(a, b) is not None:
+                        continue
+                    y = self.lp.add_variable(f"y_{lp_name(a)}_{lp_name(b)}", cat=pulp.LpBinary)
+                    self.order[(a, b)] = y
+                    gate = self.absent(a) + self.absent(b)
+                    self.precede(a, b, 0, gate + 1 - y)
+                    self.precede(b, a, 0, gate + y)
+
     def link_items(self, device: int) -> list[tuple[int, int]]:
         """(stage, microbatch) items of every device that shares ``device``'s host link."""
         offload = self.problem.offload
@@ -281,6 +341,8 @@ class _Builder(MemoryRows):
         by_device = [[op for op in data.ops if data.device(op) == d] for d in range(self.problem.devices)]
         for x in data.ops:
             self.compute_starts_on_time(x, by_device[data.device(x)])
+        for s, i in self.recompute:
+            self.recompute_starts_on_time(Op(_RC, s, i), by_device[data.device(Op(_RC, s, i))])
         if self.problem.offload.enabled:
             for s, i in data.items:
                 for kind in (_OFF, _REL):
@@ -303,6 +365,7 @@ class _Builder(MemoryRows):
             if fixed is None:
                 self.lp += var <= self.before(a, x)
             options.append(var)
+        options += self.after_recomputes(x, x)
         for wait in waits(self.problem, x, fused_above=not data.split):
             if data.device(wait.op) != device:
                 options.append(self.on_time(x, wait.op, data.grid.up(wait.lag_ms), exact=False))
@@ -315,6 +378,38 @@ class _Builder(MemoryRows):
         else:  # the very first op
             self.lp += self.start[x] == 0
 
+    def after_recomputes(self, x: Op, anchor: Op) -> list[pulp.LpVariable]:
+        """Binaries: ``x`` starts right at the end of a RECOMPUTE on its device that runs before
+        ``anchor`` (``x`` itself)."""
+        options = []
+        for rc in self.recomputes_on(self.data.device(x)):
+            if (rc.stage, rc.microbatch) == (x.stage, x.microbatch) and x.kind is _RC:
+                continue
+            fixed = self.fixed_order(rc, anchor)
+            if fixed == 0:
+                continue
+            var = self.on_time(x, rc, 0, exact=False)
+            self.lp += var <= self.recompute[(rc.stage, rc.microbatch)]
+            if fixed is None:
+                self.lp += var <= self.before(rc, anchor)
+            options.append(var)
+        return options
+
+    def recompute_starts_on_time(self, rc: Op, mine: list[Op]) -> None:
+        """A RECOMPUTE that runs starts right after the compute op before it on its device (its F,
+        which it waits for, is one of those)."""
+        options = []
+        for a in mine:
+            fixed = self.fixed_order(a, rc)
+            if fixed == 0:
+                continue
+            var = self.on_time(rc, a, 0, exact=False)
+            if fixed is None:
+                self.lp += var <= self.before(a, rc)
+            options.append(var)
+        options += self.after_recomputes(rc, rc)
+        self.lp += pulp.lpSum(options) >= self.recompute[(rc.stage, rc.microbatch)]
+
     def transfer_starts_on_time(self, target: Op, mine: list[Op]) -> None:
         """An OFFLOAD or RELOAD that runs is issued at the end of a compute op on its device
         (``mine``), or starts after its channel predecessor or (a RELOAD) its OFFLOAD."""
@@ -326,6 +421,12 @@ class _Builder(MemoryRows):
             if c == back or (c != f and data.order(c, f) == 1) or data.order(c, back) == 0:
                 continue  # ends before F(a) ends, or after B(a) starts: never the issue point
             options.append(self.on_time(target, c, 0, exact=True))
+        for rc in self.recomputes_on(data.device(target)):
+            if self.fixed_order(rc, f) == 1 or self.fixed_order(rc, back) == 0:
+                continue  # before F(a), or after B(a) starts: never the issue point
+            var = self.on_time(target, rc, 0, exact=True)
+            self.lp += var <= self.recompute[(rc.stage, rc.microbatch)]
+            options.append(var)
         for t, j in self.link_items(data.device(target)):
             if (t, j) == (s, i):
                 continue
@@ -355,11 +456,15 @@ def build_model(data: ModelData, horizon: int, *, asap: bool = False, floor: int
     builder.devices()
     if data.problem.offload.enabled:
         builder.transfers()
+    if data.problem.recompute.enabled:
+        builder.recomputes()
     builder.forward_events()
+    if data.problem.recompute.enabled:
+        builder.recompute_events()
     if data.problem.offload.enabled:
         builder.reload_events()
         builder.host_events()
     if asap:
         builder.asap()
     return MilpModel(data, horizon, builder.lp, builder.makespan, builder.start, builder.offload, builder.order,
-                     builder.relief, builder.host, builder.tight, builder.margin)
+                     builder.relief, builder.host, builder.tight, builder.margin, builder.recompute)

@@ -16,7 +16,7 @@ from .milp_model import MilpModel, Relief
 
 __all__ = ["start_values"]
 
-_F, _OFF, _REL = OpKind.F, OpKind.OFFLOAD, OpKind.RELOAD
+_F, _OFF, _REL, _RC = OpKind.F, OpKind.OFFLOAD, OpKind.RELOAD, OpKind.RECOMPUTE
 
 
 def start_values(model: MilpModel, schedule: Schedule) -> dict[pulp.LpVariable, float] | None:
@@ -40,6 +40,12 @@ def start_values(model: MilpModel, schedule: Schedule) -> dict[pulp.LpVariable, 
         o = times[off] if chosen else times[f] + data.duration[f]
         values[model.start[off]] = o
         values[model.start[rel]] = times[rel] if chosen else o + data.duration[off]
+    recomputed = schedule.recomputed
+    for (s, i), r in model.recompute.items():
+        rc = Op(_RC, s, i)
+        values[r] = 1.0 if (s, i) in recomputed else 0.0
+        # one that does not run may start anywhere in its bounds: every row it is in is switched off
+        values[model.start[rc]] = times[rc] if (s, i) in recomputed else model.start[rc].lowBound
     start = {op: values[var] for op, var in model.start.items()}
     for (a, b), y in model.order.items():
         values[y] = 1.0 if start[a] < start[b] or (start[a] == start[b] and a < b) else 0.0
@@ -48,18 +54,7 @@ def start_values(model: MilpModel, schedule: Schedule) -> dict[pulp.LpVariable, 
         return start[op] + data.duration[op]
 
     for relief, var in model.relief.items():
-        kind, subject, event = relief
-        t = start[event]
-        margin = model.margin
-        if kind == "away":
-            rel = Op(_REL, subject.stage, subject.microbatch)
-            true = (subject.stage, subject.microbatch) in offloaded and end(subject) + margin <= t \
-                and start[rel] >= t + 1 + margin
-        elif kind == "pending":
-            true = start[subject] >= t + 1 + margin
-        else:  # "ended" and "back"
-            true = end(subject) + margin <= t
-        values[var] = 1.0 if true else 0.0
+        values[var] = 1.0 if _claim_holds(model, relief, start, offloaded, recomputed) else 0.0
     for (off_a, event), var in model.host.items():
         a = (off_a.stage, off_a.microbatch)
         earlier = start[off_a] < start[event] or (start[off_a] == start[event] and off_a < event)
@@ -69,5 +64,27 @@ def start_values(model: MilpModel, schedule: Schedule) -> dict[pulp.LpVariable, 
         values[var] = 1.0 if start[target] == end(source) + lag else 0.0
         if source.kind in (_OFF, _REL) and (source.stage, source.microbatch) not in offloaded:
             values[var] = 0.0
+        if any(op.kind is _RC and (op.stage, op.microbatch) not in recomputed for op in (source, target)):
+            values[var] = 0.0
     values[model.makespan] = max(end(op) for op in data.ops)
     return values
+
+
+def _claim_holds(model: MilpModel, relief: Relief, start: dict[Op, float], offloaded, recomputed) -> bool:
+    """Whether the schedule's unit times make a relief claim true (with the model's margin)."""
+    kind, subject, event = relief
+    t = start[event]
+    margin = model.margin
+    item = (subject.stage, subject.microbatch)
+
+    def end(op: Op) -> float:
+        return start[op] + model.data.duration[op]
+
+    if kind == "recomputing":  # by the device order at a compute op, by the clock at a RELOAD
+        margin = margin if event.kind is _REL else 0
+        return item in recomputed and end(subject) + margin <= t and start[Op(_RC, *item)] >= t + 1 + margin
+    if kind == "away":
+        return item in offloaded and end(subject) + margin <= t and start[Op(_REL, *item)] >= t + 1 + margin
+    if kind == "pending":
+        return start[subject] >= t + 1 + margin
+    return end(subject) + margin <= t  # "ended" and "back"
