@@ -18,8 +18,9 @@ constraint (the k-th B of a stage still follows the k-th F, the k-th RELOAD the 
 ...), so each stage runs F, B, W, OFFLOAD and RELOAD in microbatch order without loss.
 
 Memory is checked where it grows, at every F and RELOAD start (host memory at every OFFLOAD
-start): milp_memory.py. The data it is built from is milp_data.py; start values that describe a
-schedule (warm starts) are milp_start.py.
+start): milp_memory.py; shared host links, served first come first served: milp_links.py. The
+data it is built from is milp_data.py; start values that describe a schedule (warm starts) are
+milp_start.py.
 
 Two forms. The relaxed one lets an op start later than it could, for instance an F waiting
 for an OFFLOAD to free memory; its bound holds for every schedule. The simulator never waits
@@ -41,6 +42,7 @@ from optpipe.core.semantics import Place, holds, waits
 
 # The data names are re-exported: tests and benchmarks import them from here.
 from .milp_data import ModelData, choose_milp_grid, lower_bound, lp_name, prepare, serial_horizon, unit_times
+from .milp_links import SharedLinks
 from .milp_memory import MemoryRows, retaken_bytes
 
 __all__ = [
@@ -100,9 +102,14 @@ class MilpModel:
     tight: dict[Tight, pulp.LpVariable]  # empty unless built with asap=True
     margin: int = 0  # units every relief claim keeps from its event (the grid's slack in the exact model)
     recompute: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)  # 1: RECOMPUTE runs (issue 14)
+    # shared host links (milp_links.py): a transfer's ready time, which op's end it is, and
+    # (compute op, transfer): the compute op has ended by the transfer's start
+    ready: dict[Op, pulp.LpVariable] = field(default_factory=dict)
+    ready_is: dict[tuple[Op, Op], pulp.LpVariable] = field(default_factory=dict)
+    ended: dict[tuple[Op, Op], pulp.LpVariable] = field(default_factory=dict)
 
 
-class _Builder(MemoryRows):
+class _Builder(MemoryRows, SharedLinks):
     """Adds variables and constraints group by group; ``build_model`` is the only caller."""
 
     def __init__(self, data: ModelData, horizon: int, floor: int, integral: bool, margin: int):
@@ -120,6 +127,9 @@ class _Builder(MemoryRows):
         self.host: dict[tuple[Op, Op], pulp.LpVariable] = {}
         self.tight: dict[Tight, pulp.LpVariable] = {}
         self.recompute: dict[tuple[int, int], pulp.LpVariable] = {}
+        self.ready: dict[Op, pulp.LpVariable] = {}
+        self.ready_is: dict[tuple[Op, Op], pulp.LpVariable] = {}
+        self.ended: dict[tuple[Op, Op], pulp.LpVariable] = {}
         self.items_on = [[(s, i) for s in self.problem.pipeline.stages_on(d) for i in range(self.problem.microbatches)]
                          for d in range(self.problem.devices)]
         self.unit = max(self.problem.memory.activation) or 1  # memory rows in units of the largest activation
@@ -262,22 +272,6 @@ class _Builder(MemoryRows):
                         self.precede(a, b, 0, both + 1 - y)
                         self.precede(b, a, 0, both + y)
         self.shared_links()
-
-    def shared_links(self) -> None:
-        """Devices of a link group share one D2H and one H2D channel (semantics.py): one transfer
-        at a time across them. The order is the solver's; the simulator's FIFO judges."""
-        for group in self.problem.offload.link_groups:
-            for n, da in enumerate(group):
-                for db in group[n + 1:]:
-                    for kind in (_OFF, _REL):
-                        for s, i in self.items_on[da]:
-                            for t, j in self.items_on[db]:
-                                a, b = Op(kind, s, i), Op(kind, t, j)
-                                both = 2 - self.offload[(s, i)] - self.offload[(t, j)]
-                                y = self.lp.add_variable(f"y_{lp_name(a)}_{lp_name(b)}", cat=pulp.LpBinary)
-                                self.order[(a, b)] = y
-                                self.precede(a, b, 0, both + 1 - y)
-                                self.precede(b, a, 0, both + y)
 
     def recomputes(self) -> None:
         """Issue 14: per (stage, microbatch) a binary choosing recompute (never with offload) and a
@@ -458,6 +452,8 @@ def build_model(data: ModelData, horizon: int, *, asap: bool = False, floor: int
         builder.transfers()
     if data.problem.recompute.enabled:
         builder.recomputes()
+    if data.problem.offload.enabled and data.problem.offload.link_groups:
+        builder.served_in_order()
     builder.forward_events()
     if data.problem.recompute.enabled:
         builder.recompute_events()
@@ -467,4 +463,5 @@ def build_model(data: ModelData, horizon: int, *, asap: bool = False, floor: int
     if asap:
         builder.asap()
     return MilpModel(data, horizon, builder.lp, builder.makespan, builder.start, builder.offload, builder.order,
-                     builder.relief, builder.host, builder.tight, builder.margin, builder.recompute)
+                     builder.relief, builder.host, builder.tight, builder.margin, builder.recompute,
+                     builder.ready, builder.ready_is, builder.ended)

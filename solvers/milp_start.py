@@ -10,6 +10,7 @@ from __future__ import annotations
 import pulp
 
 from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.semantics import waits
 
 from .milp_data import unit_times
 from .milp_model import MilpModel, Relief
@@ -66,6 +67,7 @@ def start_values(model: MilpModel, schedule: Schedule) -> dict[pulp.LpVariable, 
             values[var] = 0.0
         if any(op.kind is _RC and (op.stage, op.microbatch) not in recomputed for op in (source, target)):
             values[var] = 0.0
+    _ready_values(model, start, offloaded, recomputed, values)
     values[model.makespan] = max(end(op) for op in data.ops)
     return values
 
@@ -88,3 +90,29 @@ def _claim_holds(model: MilpModel, relief: Relief, start: dict[Op, float], offlo
     if kind == "pending":
         return start[subject] >= t + 1 + margin
     return end(subject) + margin <= t  # "ended" and "back"
+
+
+def _ready_values(model: MilpModel, start: dict[Op, float], offloaded, recomputed, values: dict) -> None:
+    """Shared host links (milp_links.py): which compute ops have ended by each transfer's start,
+    its ready time (the latest end it waits for) and which op's end that is."""
+    data = model.data
+
+    def end(op: Op) -> float:
+        return start[op] + data.duration[op]
+
+    for (c, op), var in model.ended.items():
+        runs = c.kind is not _RC or (c.stage, c.microbatch) in recomputed
+        values[var] = 1.0 if runs and end(c) <= start[op] else 0.0
+    for op, ready in model.ready.items():
+        (wait,) = waits(data.problem, op)
+        ends = {wait.op: end(wait.op) + data.grid.up(wait.lag_ms)}
+        ends.update({c: end(c) for (c, target), var in model.ended.items() if target == op and values[var]})
+        for (target, source) in model.ready_is:
+            if target == op and source.kind is op.kind and source != op:
+                earlier = source.microbatch < op.microbatch if source.stage == op.stage else start[source] < start[op]
+                if (source.stage, source.microbatch) in offloaded and earlier:
+                    ends[source] = end(source)
+        values[ready] = max(ends.values())
+        for (target, source), var in model.ready_is.items():
+            if target == op:
+                values[var] = 1.0 if source in ends and ends[source] == values[ready] else 0.0

@@ -285,6 +285,44 @@ def test_a_recomputed_hint_is_a_solution_of_both_models():
         assert sum(values[r] for r in model.recompute.values()) == 4
 
 
+# --------------------------------------------------------------------------- shared host links
+
+
+def _linked(problem, *groups):
+    return dataclasses.replace(problem, offload=dataclasses.replace(problem.offload, link_groups=groups))
+
+
+LINKED_CASES = [
+    pytest.param(_linked(uniform_problem(2, 4, budget=150, offload=SLOWER_LINK), (0, 1)), 17.0, id="p2"),
+    pytest.param(_recomputing(_linked(uniform_problem(2, 4, budget=120, offload=SLOWER_LINK), (0, 1)), time_ms=2.0),
+                 20.0, id="p2-recompute"),
+]
+
+
+@pytest.mark.parametrize("problem, expected", LINKED_CASES)
+def test_shared_links_are_served_as_the_simulator_serves_them(problem, expected):
+    milp = solve_milp(problem, time_limit_s=60)
+    cpsat = solve_cpsat(problem, time_limit_s=60, workers=1, seed=0)
+    assert milp.status is SolveStatus.OPTIMAL and cpsat.status is SolveStatus.OPTIMAL
+    assert milp.timeline.makespan == cpsat.timeline.makespan == expected
+    assert checked(milp).makespan == milp.objective_ms  # first come first served in the model too
+
+
+def test_a_hint_on_shared_links_is_a_solution_of_both_models():
+    problem = _recomputing(_linked(uniform_problem(3, 4, budget=400, offload=SLOWER_LINK), (0, 1, 2)))
+    offloaded = _with_offload(problem, one_f_one_b(problem), {(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)})
+    hint = add_recomputes(problem, offloaded, [(0, 3), (1, 2)])
+    timeline = simulate(problem, hint)
+    assert timeline.fits
+    data = mm.prepare(problem, mm.choose_milp_grid(problem))
+    for asap in (False, True):
+        model = mm.build_model(data, mm.serial_horizon(data), asap=asap)
+        assert len(model.ready) == 2 * 12  # a ready time per OFFLOAD and per RELOAD on the shared link
+        values = _valid_start(model, hint, timeline)
+        assert values is not None, f"the hint breaks the {'exact' if asap else 'relaxed'} model"
+        assert values[model.makespan] * data.grid.resolution_ms == timeline.makespan
+
+
 # --------------------------------------------------------------------------- limits, hints, progress
 
 
