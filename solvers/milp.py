@@ -17,6 +17,9 @@ solution that fits only because an op waited is no schedule. The solver works in
    forbidden and the model is solved again (each round forbids at least one more claim, so
    the loop ends); bounds only count from models no claim was forbidden in.
 
+Each (stage, microbatch) is kept, offloaded or, with ``[recompute]``, recomputed: the model
+decides, as CP-SAT's does (issue 14), and its RECOMPUTE ops come back in the schedule.
+
 Times are whole units of the shared grid (timegrid.py) with durations rounded up: objectives
 are exact for those durations and the simulated makespan (exact durations) is never above the
 model's; the reported lower bound is the model's shrunk by the largest rounding, so it holds
@@ -26,6 +29,7 @@ claim, so its bound is no proof: only the relaxed model's counts then.
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from typing import Callable
@@ -38,6 +42,7 @@ from optpipe.core.simulate import Timeline, simulate
 
 from .compare import best_fitting, compare
 from .decode import schedule_from_starts
+from .milp_data import choose_milp_grid, lower_bound, prepare, serial_horizon, unit_times
 from .result import Progress, SolveResult, SolveStatus
 
 __all__ = ["solve_milp"]
@@ -63,8 +68,6 @@ def solve_milp(problem: Problem, *, backend: str = "highs", time_limit_s: float 
     if backend not in _BACKENDS:
         raise SolverError(f"unknown MILP backend {backend!r}; expected one of {', '.join(_BACKENDS)} "
                           f"(HiGHS through highspy, or the CBC binary bundled with PuLP)")
-    if hint is not None and hint.recomputed:  # the MILP decides keep or offload only (issue 14: CP-SAT recomputes)
-        hint = None
     if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float)) \
             or not math.isfinite(time_limit_s) or time_limit_s <= 0:
         raise SolverError(f"time limit: expected a positive number of seconds like 60, got {time_limit_s!r}")
@@ -74,8 +77,8 @@ def solve_milp(problem: Problem, *, backend: str = "highs", time_limit_s: float 
         raise SolverError(f"seed: expected a non-negative integer like 0, got {seed!r}")
     try:
         # lazy: PuLP and highspy load here, when a MILP is solved, not when milp is imported
-        from . import milp_model  # noqa: F401
-        from . import milp_backend  # noqa: F401
+        for module in ("milp_model", "milp_start", "milp_backend"):
+            importlib.import_module(f"{__package__}.{module}")
     except ImportError as error:
         raise SolverError(f"the MILP solver needs PuLP and highspy ({error}); install them with "
                           f"pip install pulp highspy") from None
@@ -90,9 +93,9 @@ class _Search:
     """One call of solve_milp: the stages, the best schedule so far and the proven bound."""
 
     def __init__(self, problem, backend, deadline, seed, threads, split, began, on_progress, label=""):
-        from . import milp_model as mm  # lazy: imports PuLP
+        from . import milp_model  # lazy: imports PuLP
 
-        self.mm = mm
+        self.mm = milp_model
         self.problem = problem
         self.backend = backend
         self.deadline = deadline
@@ -103,7 +106,7 @@ class _Search:
         self.on_progress = on_progress
         self.label = label
         self.solver = f"milp-{backend}"
-        self.data = mm.prepare(problem, mm.choose_milp_grid(problem), split=split)
+        self.data = prepare(problem, choose_milp_grid(problem), split=split)
         self.unit = self.data.grid.resolution_ms
         self.bound: int | None = None  # units, proven for every schedule
 
@@ -124,7 +127,7 @@ class _Search:
     def run(self, hint: Schedule | None) -> SolveResult:
         problem = self.problem
         hint_timeline = simulate(problem, hint) if hint is not None else None
-        floor = self.mm.lower_bound(self.data)  # memory-free: no schedule beats it
+        floor = lower_bound(self.data)  # memory-free: no schedule beats it
         if problem.offload.enabled:
             plain = self.without_offload(hint)
             if plain is not None and plain.timeline.fits:
@@ -150,13 +153,10 @@ class _Search:
 
     def rounds(self, hint: Schedule | None, hint_timeline: Timeline | None):
         """Stages 2 and 3: ("infeasible", None), ("found", (schedule, timeline, objective_ms)) or None."""
-        from .milp_backend import run_backend  # lazy: imports PuLP
-
-        problem, mm = self.problem, self.mm
         if self.left() < _MIN_SOLVE_S:
             self.report(None, "time limit reached before the first solve")
             return None
-        exact = not problem.offload.enabled  # without transfers the relaxation is exact
+        exact = not self.problem.offload.enabled  # without transfers the relaxation is exact
         model, start = self.model_with_start(hint, hint_timeline, asap=False)
         clean = True  # no claim forbidden yet: the model's bound holds for every schedule
         best = None
@@ -165,44 +165,16 @@ class _Search:
             if left < _MIN_SOLVE_S:
                 self.report(None, "time limit reached")
                 break
-            trusted = clean
-
-            def on_incumbent(objective: float, bound: float | None, trusted=trusted) -> None:
-                shown = math.ceil(bound - 1e-6) if trusted and bound is not None else self.bound
-                self.report(round(objective) * self.unit, f"{self.backend}: new incumbent", shown)
-
-            limit = left if exact else left * _RELAXED_SHARE
-            run = run_backend(model.lp, self.backend, time_limit_s=limit, seed=self.seed, threads=self.threads,
-                              start=start, on_incumbent=on_incumbent if self.backend == "highs" else None)
-            if clean and run.bound is not None:
-                proven = math.ceil(run.bound - 1e-6)  # every makespan is a whole number of units
-                self.bound = proven if self.bound is None else max(self.bound, proven)
+            run = self.solve_once(model, start, clean, left if exact else left * _RELAXED_SHARE)
             if clean and run.status == "infeasible":
                 self.report(None, f"round {round_number}: {self.backend} proved that no schedule fits")
                 return "infeasible", None
-            timeline = None
-            if run.values is not None:
-                broken = _violation(model.lp, lambda var: run.values[var.name])
-                if broken > _TOLERANCE:
-                    raise InternalError(f"{self.backend} returned a solution that breaks its model (by {broken:g}); "
-                                        f"try the other backend")
-                schedule = _decode(model, run.values, self.solver)
-                timeline = simulate(problem, schedule)
-                objective_ms = round(run.objective) * self.unit
-                if not model.tight:  # relaxed: its ops may wait where the simulator's would not
-                    objective_ms = self.model_makespan(schedule) * self.unit
-                verdict = "fits" if timeline.fits else "breaks the budget"
-                self.report(timeline.makespan if timeline.fits else None,
-                            f"round {round_number}: {run.status} at {objective_ms:g} ms, simulated "
-                            f"{timeline.makespan:g} ms, {verdict}")
-                if timeline.fits and (best is None or timeline.makespan < best[1].makespan):
-                    best = (schedule, timeline, objective_ms)
-                if timeline.fits and (run.status == "optimal" or exact):
-                    break  # proven, or the exact model's time is up
-            else:
-                self.report(None, f"round {round_number}: {self.backend} found no schedule ({run.status})")
-                if exact:
-                    break
+            found = self.judge(model, run, round_number)
+            fits = found is not None and found[1].fits
+            if fits and (best is None or found[1].makespan < best[1].makespan):
+                best = found
+            if (fits and (run.status == "optimal" or exact)) or (found is None and exact):
+                break  # proven, or the exact model's time is up
             if not exact:
                 # The relaxed solution waited for memory, or time ran out: the exact model takes over,
                 # warm-started from the best fitting schedule so far.
@@ -216,19 +188,54 @@ class _Search:
                 self.report(None, "solving the exact (as-soon-as-possible) model: the simulator never lets an op "
                                   "wait for memory")
                 continue
-            forbidden = _repair(model, run.values, timeline)
+            forbidden = _repair(model, run.values, found[1])
             clean = False
             self.report(None, f"round {round_number}: the rounded durations moved an allocation; "
                               f"{forbidden} memory claims forbidden")
             if forbidden == 0:
                 break
-            start = _valid_start(mm, model, hint, hint_timeline)
+            start = _valid_start(model, hint, hint_timeline)
         return ("found", best) if best is not None else None
+
+    def solve_once(self, model, start, clean: bool, limit: float):
+        """One backend run; its bound counts (``clean``) when no claim has been forbidden."""
+        from .milp_backend import run_backend  # lazy: imports PuLP
+
+        def on_incumbent(objective: float, bound: float | None) -> None:
+            shown = math.ceil(bound - 1e-6) if clean and bound is not None else self.bound
+            self.report(round(objective) * self.unit, f"{self.backend}: new incumbent", shown)
+
+        run = run_backend(model.lp, self.backend, time_limit_s=limit, seed=self.seed, threads=self.threads,
+                          start=start, on_incumbent=on_incumbent if self.backend == "highs" else None)
+        if clean and run.bound is not None:
+            proven = math.ceil(run.bound - 1e-6)  # every makespan is a whole number of units
+            self.bound = proven if self.bound is None else max(self.bound, proven)
+        return run
+
+    def judge(self, model, run, round_number: int):
+        """The run's answer decoded and re-simulated: (schedule, timeline, objective_ms), or None."""
+        if run.values is None:
+            self.report(None, f"round {round_number}: {self.backend} found no schedule ({run.status})")
+            return None
+        broken = _violation(model.lp, lambda var: run.values[var.name])
+        if broken > _TOLERANCE:
+            raise InternalError(f"{self.backend} returned a solution that breaks its model (by {broken:g}); "
+                                f"try the other backend")
+        schedule = _decode(model, run.values, self.solver)
+        timeline = simulate(self.problem, schedule)
+        objective_ms = round(run.objective) * self.unit
+        if not model.tight:  # relaxed: its ops may wait where the simulator's would not
+            objective_ms = self.model_makespan(schedule) * self.unit
+        verdict = "fits" if timeline.fits else "breaks the budget"
+        self.report(timeline.makespan if timeline.fits else None,
+                    f"round {round_number}: {run.status} at {objective_ms:g} ms, simulated "
+                    f"{timeline.makespan:g} ms, {verdict}")
+        return schedule, timeline, objective_ms
 
     def model_makespan(self, schedule: Schedule) -> int:
         """The schedule's makespan in the model's units, every op as soon as it may (the simulator's
         rule with the model's durations): what the exact model says of it."""
-        times = self.mm.unit_times(self.data, schedule)
+        times = unit_times(self.data, schedule)
         return max(t + self.data.duration[op] for op, t in times.items())
 
     def model_with_start(self, hint, hint_timeline, *, asap: bool, floor: int = 0):
@@ -237,15 +244,15 @@ class _Search:
         # CBC 2.10 (PuLP's bundled binary) has proven wrong optima from a MIP start when the objective
         # variable was integer (its probing); HiGHS is right and twice as fast with it integer.
         integral = self.backend != "cbc"
-        model = mm.build_model(data, mm.serial_horizon(data), asap=asap, floor=floor, integral_makespan=integral)
-        start = _valid_start(mm, model, hint, hint_timeline)
+        model = mm.build_model(data, serial_horizon(data), asap=asap, floor=floor, integral_makespan=integral)
+        start = _valid_start(model, hint, hint_timeline)
         if start is None:
             return model, None
         horizon = int(round(start[model.makespan]))
         if horizon >= model.horizon:
             return model, start
         tighter = mm.build_model(data, horizon, asap=asap, floor=floor, integral_makespan=integral)
-        return tighter, _valid_start(mm, tighter, hint, hint_timeline)
+        return tighter, _valid_start(tighter, hint, hint_timeline)
 
     # ----------------------------------------------------------------- result
 
@@ -280,15 +287,17 @@ class _Search:
 
 def _default_hint(problem: Problem) -> Schedule | None:
     """The fastest registered heuristic that fits the budget, if any."""
-    best = best_fitting([entry for entry in compare(problem) if entry.schedule is None or not entry.schedule.recomputed])
+    best = best_fitting(compare(problem))
     return best.schedule if best is not None else None
 
 
-def _valid_start(mm, model, hint: Schedule | None, hint_timeline: Timeline | None):
+def _valid_start(model, hint: Schedule | None, hint_timeline: Timeline | None):
     """The hint's variable values when they satisfy every constraint (bounds included), else None."""
+    from .milp_start import start_values  # lazy: imports PuLP
+
     if hint is None or hint_timeline is None or not hint_timeline.fits:
         return None
-    values = mm.start_values(model, hint)
+    values = start_values(model, hint)
     if values is None or _violation(model.lp, values.__getitem__) > _TOLERANCE:
         return None
     return values
@@ -316,9 +325,12 @@ def _decode(model, values: dict[str, float], name: str) -> Schedule:
     """Start times in ms for every op the solution runs, then the shared decoder."""
     unit = model.data.grid.resolution_ms
     chosen = {item for item, x in model.offload.items() if values[x.name] > 0.5}
+    recomputed = {item for item, r in model.recompute.items() if values[r.name] > 0.5}
     starts: dict[Op, float] = {}
     for op, var in model.start.items():
         if op.kind in TRANSFER_KINDS and (op.stage, op.microbatch) not in chosen:
+            continue
+        if op.kind is OpKind.RECOMPUTE and (op.stage, op.microbatch) not in recomputed:
             continue
         value = values[var.name]
         nearest = round(value)
@@ -345,6 +357,9 @@ def _holds(relief, timeline: Timeline) -> bool:
     by_op = timeline.by_op
     t = _at(by_op[relief.event].start)
     subject = by_op.get(relief.subject)
+    if relief.kind == "recomputing":
+        again = by_op.get(Op(OpKind.RECOMPUTE, relief.subject.stage, relief.subject.microbatch))
+        return again is not None and _at(subject.end) <= t and _at(again.start) > t
     if relief.kind == "away":
         reload = by_op.get(Op(OpKind.RELOAD, relief.subject.stage, relief.subject.microbatch))
         return subject is not None and reload is not None and _at(subject.end) <= t and _at(reload.start) > t
@@ -354,7 +369,7 @@ def _holds(relief, timeline: Timeline) -> bool:
 
 
 def _overflowing_events(timeline: Timeline) -> set[Op]:
-    """Allocations (F and RELOAD starts; on the host, OFFLOAD starts) at which memory is over budget."""
+    """Allocations (F, RECOMPUTE and RELOAD starts; on the host, OFFLOAD starts) at which memory is over budget."""
     problem = timeline.problem
     over: set[Op] = set()
     budget = problem.memory.budget
@@ -362,7 +377,7 @@ def _overflowing_events(timeline: Timeline) -> set[Op]:
         times = {t for t, held in curve if held > budget}
         if times:
             over.update(t.op for t in timeline.timings if t.device == device
-                        and t.op.kind in (OpKind.F, OpKind.RELOAD) and _at(t.start) in times)
+                        and t.op.kind in (OpKind.F, OpKind.RECOMPUTE, OpKind.RELOAD) and _at(t.start) in times)
     if problem.offload.enabled:
         for device in range(problem.devices):
             events = []  # the host's side of each transfer (semantics.effects), as the simulator replays it

@@ -34,8 +34,25 @@ def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = N
     allows. Without offload the cap is the budget; with offload callers try caps above it,
     since offloads placed afterwards relieve the device.
     """
-    pipe = problem.pipeline
-    spine = []  # per device: F and B in order
+    filler = _Filler(problem, _spine(schedule))
+    remaining = sum(len(row) for row in filler.spine)
+    while remaining:
+        d, r = filler.next_device()
+        op = filler.spine[d][filler.position[d]]
+        filler.fill_gap(d, r, slack)
+        if memory_cap is not None and op.kind is _F:
+            filler.make_room(d, op, memory_cap)
+        filler.run(d, op, max(filler.free[d], r))
+        filler.position[d] += 1
+        remaining -= 1
+    for d in range(problem.devices):
+        filler.out[d].extend(w for _, w in filler.pending[d])
+    return Schedule.of(name or f"{schedule.name}+W", filler.out)
+
+
+def _spine(schedule: Schedule) -> list[list[Op]]:
+    """Per device: its F and B in order (a fused BW becomes its B; W passes and transfers dropped)."""
+    spine = []
     for ops in schedule.devices:
         row = []
         for op in ops:
@@ -44,66 +61,76 @@ def fill_with_w(problem: Problem, schedule: Schedule, memory_cap: int | None = N
             elif op.kind in (_B, _BW):
                 row.append(Op(_B, op.stage, op.microbatch))
         spine.append(row)
-    position = [0] * pipe.devices
-    free = [0.0] * pipe.devices
-    pending: list[deque[tuple[float, Op]]] = [deque() for _ in range(pipe.devices)]  # (ready, W)
-    end: dict[Op, float] = {}
-    out: list[list[Op]] = [[] for _ in range(pipe.devices)]
-    # A device's memory changes at its own F starts and B, W ends, which come in time order, and
-    # an F starts no earlier than the device is free: what it holds then is a running sum of
-    # the ops' device effects (semantics.effects; transfers are dropped, so nothing is offloaded).
-    held = [0] * pipe.devices
+    return spine
 
-    def ready(op: Op) -> float | None:
+
+class _Filler:
+    """The list scheduler's state: per device, the next F/B, when it is free, the W passes waiting
+    (by the time their B ended) and what it holds; the end of every op placed so far."""
+
+    def __init__(self, problem: Problem, spine: list[list[Op]]):
+        devices = problem.devices
+        self.problem = problem
+        self.spine = spine
+        self.position = [0] * devices
+        self.free = [0.0] * devices
+        self.pending: list[deque[tuple[float, Op]]] = [deque() for _ in range(devices)]  # (ready, W)
+        self.end: dict[Op, float] = {}
+        self.out: list[list[Op]] = [[] for _ in range(devices)]
+        # A device's memory changes at its own F starts and B, W ends, which come in time order, and
+        # an F starts no earlier than the device is free: what it holds then is a running sum of
+        # the ops' device effects (semantics.effects; transfers are dropped, so nothing is offloaded).
+        self.held = [0] * devices
+
+    def ready(self, op: Op) -> float | None:
         """When the op's data waits (semantics.waits) are met, or None while one is unscheduled."""
         at = 0.0
-        for wait in waits(problem, op):
-            e = end.get(wait.op)
+        for wait in waits(self.problem, op):
+            e = self.end.get(wait.op)
             if e is None:
                 return None
             at = max(at, e + wait.lag_ms)
         return at
 
-    def taken(op: Op) -> int:
+    def taken(self, op: Op) -> int:
         """What the op takes on the device at its start."""
-        return sum(e.delta for e in effects(problem, op) if e.place is Place.DEVICE and e.at is At.START)
+        return sum(e.delta for e in effects(self.problem, op) if e.place is Place.DEVICE and e.at is At.START)
 
-    def run(d: int, op: Op, start: float) -> None:
-        finish = start + duration_ms(problem, op)
-        end[op] = finish
-        free[d] = finish
-        out[d].append(op)
+    def run(self, d: int, op: Op, start: float) -> None:
+        finish = start + duration_ms(self.problem, op)
+        self.end[op] = finish
+        self.free[d] = finish
+        self.out[d].append(op)
         if op.kind is _B:
-            pending[d].append((finish, Op(_W, op.stage, op.microbatch)))
-        held[d] += sum(e.delta for e in effects(problem, op) if e.place is Place.DEVICE)
+            self.pending[d].append((finish, Op(_W, op.stage, op.microbatch)))
+        self.held[d] += sum(e.delta for e in effects(self.problem, op) if e.place is Place.DEVICE)
 
-    remaining = sum(len(row) for row in spine)
-    while remaining:
-        # the device that is free first among those whose next F/B has known inputs
+    def next_device(self) -> tuple[int, float]:
+        """The device that is free first among those whose next F/B has known inputs, and when
+        those inputs are ready."""
         best = None
-        for d in range(pipe.devices):
-            if position[d] < len(spine[d]):
-                r = ready(spine[d][position[d]])
-                if r is not None and (best is None or free[d] < best[0]):
-                    best = (free[d], d, r)
+        for d in range(self.problem.devices):
+            if self.position[d] < len(self.spine[d]):
+                r = self.ready(self.spine[d][self.position[d]])
+                if r is not None and (best is None or self.free[d] < best[0]):
+                    best = (self.free[d], d, r)
         if best is None:  # a cycle in the input order  # pragma: no cover
             raise InternalError("the W-filler's input order of F and B deadlocks")
-        _, d, r = best
-        op = spine[d][position[d]]
-        start = max(free[d], r)
-        while pending[d] and pending[d][0][0] <= free[d] + _EPS:
-            w = pending[d][0][1]
-            if free[d] + duration_ms(problem, w) > start + slack + _EPS:
+        return best[1], best[2]
+
+    def fill_gap(self, d: int, ready: float, slack: float) -> None:
+        """Run the oldest finished W passes while each ends by the time the next F/B could start."""
+        pending = self.pending[d]
+        start = max(self.free[d], ready)
+        while pending and pending[0][0] <= self.free[d] + _EPS:
+            w = pending[0][1]
+            if self.free[d] + duration_ms(self.problem, w) > start + slack + _EPS:
                 break
-            pending[d].popleft()
-            run(d, w, free[d])
-            start = max(free[d], r)
-        if memory_cap is not None and op.kind is _F:
-            while pending[d] and held[d] + taken(op) > memory_cap:
-                run(d, pending[d].popleft()[1], free[d])
-        run(d, op, max(free[d], r))
-        position[d] += 1
-        remaining -= 1
-    for d in range(pipe.devices):
-        out[d].extend(w for _, w in pending[d])
-    return Schedule.of(name or f"{schedule.name}+W", out)
+            pending.popleft()
+            self.run(d, w, self.free[d])
+            start = max(self.free[d], ready)
+
+    def make_room(self, d: int, forward: Op, memory_cap: int) -> None:
+        """Run deferred W passes until ``forward``'s activation fits under the cap."""
+        while self.pending[d] and self.held[d] + self.taken(forward) > memory_cap:
+            self.run(d, self.pending[d].popleft()[1], self.free[d])

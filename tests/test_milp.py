@@ -14,13 +14,15 @@ import pytest
 
 from conftest import PROBLEM_DIR, uniform_problem
 from optpipe.core.errors import ScheduleError, SolverError
-from optpipe.core.problem import Offload, Placement
+from optpipe.core.problem import Offload, Placement, Recompute
 from optpipe.core.problem_file import load_problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate
 from optpipe.solvers import milp_model as mm
 from optpipe.solvers.heuristics.one_f_one_b import one_f_one_b
+from optpipe.solvers.recompute import add_recomputes
 from optpipe.solvers.milp import _decode, _holds, _repair, _valid_start, solve_milp
+from optpipe.solvers.cpsat import solve_cpsat
 from optpipe.solvers.milp_backend import run_backend
 from optpipe.solvers.result import SolveStatus
 from optpipe.solvers.timegrid import Grid
@@ -218,6 +220,109 @@ def test_repair_forbids_only_claims_the_simulator_breaks():
             assert run.values[var.name] > 0.5 and not _holds(relief, timeline)
 
 
+# --------------------------------------------------------------------------- recompute (issue 14)
+
+SLOWER_LINK = Offload(True, 100_000.0, 100_000.0, 10**9)  # 1 ms each way
+
+
+def _recomputing(problem, time_ms: float = 1.0, resident: int = 10):
+    """``problem`` where every (stage, microbatch) may be recomputed: RECOMPUTE runs ``time_ms``,
+    and ``resident`` of the 100-byte activation stays from F to RECOMPUTE."""
+    stages = problem.stages
+    return dataclasses.replace(problem, recompute=Recompute(True, (time_ms,) * stages, (resident,) * stages))
+
+
+RECOMPUTE_CASES = [
+    # (problem, the optimum, the optimum when every activation must be kept or offloaded)
+    pytest.param(_recomputing(uniform_problem(2, 3, budget=150)), 12.0, 13.0, id="p2-m3"),
+    pytest.param(_recomputing(uniform_problem(3, 3, budget=200)), 13.0, 14.0, id="p3-m3"),
+    pytest.param(_recomputing(uniform_problem(2, 2, v=2, budget=250)), 15.0, 16.0, id="v2"),
+    # with offload the relaxed answer waits for memory: the exact model decides the recomputes
+    pytest.param(_recomputing(uniform_problem(2, 3, budget=150, p2p=0.5, offload=SLOWER_LINK), time_ms=2.0),
+                 15.0, None, id="offload-exact"),
+    # recompute on one stage, offload on the other: no faster than offload alone, but as fast
+    pytest.param(_recomputing(uniform_problem(2, 4, budget=120, offload=FAST_LINK), time_ms=2.0), 20.0, 20.0,
+                 id="mixed"),
+]
+
+
+@pytest.mark.parametrize("problem, expected, keep_or_offload", RECOMPUTE_CASES)
+def test_recompute_optimum_equals_cpsat_and_re_simulates(problem, expected, keep_or_offload):
+    milp = solve_milp(problem, time_limit_s=60)
+    cpsat = solve_cpsat(problem, time_limit_s=60, workers=1, seed=0)
+    assert milp.status is SolveStatus.OPTIMAL and cpsat.status is SolveStatus.OPTIMAL
+    assert milp.timeline.makespan == cpsat.timeline.makespan == expected
+    timeline = checked(milp)
+    assert mm.choose_milp_grid(problem).exact and timeline.makespan == milp.objective_ms  # the model's makespan
+    assert timeline.peak <= problem.memory.budget
+    if keep_or_offload is not None:
+        without = solve_milp(dataclasses.replace(problem, recompute=Recompute()), time_limit_s=60)
+        assert without.status is SolveStatus.OPTIMAL and without.timeline.makespan == keep_or_offload
+        if keep_or_offload > expected:  # only recomputing is this fast
+            assert milp.schedule.recomputed
+
+
+def test_fused_backwards_recompute_too():
+    problem = _recomputing(uniform_problem(2, 3, budget=150))
+    fused = solve_milp(problem, time_limit_s=60, split_backward=False)
+    kept = solve_milp(dataclasses.replace(problem, recompute=Recompute()), time_limit_s=60, split_backward=False)
+    assert fused.status is SolveStatus.OPTIMAL and fused.schedule.recomputed
+    assert checked(fused).makespan == fused.objective_ms < kept.timeline.makespan
+
+
+def test_a_recomputed_hint_is_a_solution_of_both_models():
+    problem = _recomputing(uniform_problem(3, 4, budget=400, offload=FAST_LINK))
+    offloaded = _with_offload(problem, one_f_one_b(problem), {(0, 1), (1, 0)})
+    hint = add_recomputes(problem, offloaded, [(0, 2), (0, 3), (1, 2), (2, 1)])
+    timeline = simulate(problem, hint)
+    assert timeline.fits and len(hint.recomputed) == 4
+    data = mm.prepare(problem, mm.choose_milp_grid(problem))
+    for asap in (False, True):
+        model = mm.build_model(data, mm.serial_horizon(data), asap=asap)
+        values = _valid_start(model, hint, timeline)
+        assert values is not None, f"the hint breaks the {'exact' if asap else 'relaxed'} model"
+        assert values[model.makespan] * 0.5 == timeline.makespan
+        assert sum(values[r] for r in model.recompute.values()) == 4
+
+
+# --------------------------------------------------------------------------- shared host links
+
+
+def _linked(problem, *groups):
+    return dataclasses.replace(problem, offload=dataclasses.replace(problem.offload, link_groups=groups))
+
+
+LINKED_CASES = [
+    pytest.param(_linked(uniform_problem(2, 4, budget=150, offload=SLOWER_LINK), (0, 1)), 17.0, id="p2"),
+    pytest.param(_recomputing(_linked(uniform_problem(2, 4, budget=120, offload=SLOWER_LINK), (0, 1)), time_ms=2.0),
+                 20.0, id="p2-recompute"),
+]
+
+
+@pytest.mark.parametrize("problem, expected", LINKED_CASES)
+def test_shared_links_are_served_as_the_simulator_serves_them(problem, expected):
+    milp = solve_milp(problem, time_limit_s=60)
+    cpsat = solve_cpsat(problem, time_limit_s=60, workers=1, seed=0)
+    assert milp.status is SolveStatus.OPTIMAL and cpsat.status is SolveStatus.OPTIMAL
+    assert milp.timeline.makespan == cpsat.timeline.makespan == expected
+    assert checked(milp).makespan == milp.objective_ms  # first come first served in the model too
+
+
+def test_a_hint_on_shared_links_is_a_solution_of_both_models():
+    problem = _recomputing(_linked(uniform_problem(3, 4, budget=400, offload=SLOWER_LINK), (0, 1, 2)))
+    offloaded = _with_offload(problem, one_f_one_b(problem), {(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)})
+    hint = add_recomputes(problem, offloaded, [(0, 3), (1, 2)])
+    timeline = simulate(problem, hint)
+    assert timeline.fits
+    data = mm.prepare(problem, mm.choose_milp_grid(problem))
+    for asap in (False, True):
+        model = mm.build_model(data, mm.serial_horizon(data), asap=asap)
+        assert len(model.ready) == 2 * 12  # a ready time per OFFLOAD and per RELOAD on the shared link
+        values = _valid_start(model, hint, timeline)
+        assert values is not None, f"the hint breaks the {'exact' if asap else 'relaxed'} model"
+        assert values[model.makespan] * data.grid.resolution_ms == timeline.makespan
+
+
 # --------------------------------------------------------------------------- limits, hints, progress
 
 
@@ -262,7 +367,7 @@ def test_hint_is_a_solution_of_both_models_and_unit_times_match_the_simulator():
     assert {op: t.start for op, t in timeline.by_op.items()} == {op: t * 0.5 for op, t in times.items()}
     for asap in (False, True):
         model = mm.build_model(data, mm.serial_horizon(data), asap=asap)
-        values = _valid_start(mm, model, hint, timeline)
+        values = _valid_start(model, hint, timeline)
         assert values is not None, f"the hint breaks the {'exact' if asap else 'relaxed'} model"
         assert values[model.makespan] * 0.5 == timeline.makespan
 
