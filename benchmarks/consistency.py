@@ -5,7 +5,8 @@
 Each problem is drawn from a seed (``random_problem``): per-stage costs that are no grid's
 multiples (or, one time in three, decimals, so exact grids are covered too), p2p from 0 to
 0.3 ms, offload with a round trip of k = 0.3 to 3 times a stage's F + B, device budgets from one
-activation to ample and host budgets that bind. Every schedule is re-simulated and compared:
+activation to ample and host budgets that bind; about three in ten with shared host links
+(neighbouring devices in pairs) and three in ten with recompute allowed. Every schedule is re-simulated and compared:
 
 - every registered heuristic, and every warm start (heuristics with W filled and offloads
   added): the timeline it came with must be the simulator's;
@@ -23,11 +24,12 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from dataclasses import replace
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from optpipe.core.errors import InternalError
-from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, Recompute
 from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.simulate import simulate
 
@@ -64,8 +66,17 @@ def random_problem(rng: random.Random, name: str = "random") -> Problem:
         bandwidth = sum(activation) / stages * 1e3 / one_way
         host = 2**40 if rng.random() < 0.6 else rng.randint(max(activation), max(activation) * m)
         offload = Offload(True, bandwidth * rng.uniform(0.8, 1.25), bandwidth, host)
+    # Drawn last, so the problems above stay what they were for the same seed (issue 14).
+    if offload.enabled and p >= 2 and rng.random() < 0.3:  # neighbouring devices share a host link
+        groups = tuple((d, d + 1) for d in range(0, p - 1, 2))
+        offload = replace(offload, link_groups=groups)
+    recompute = Recompute()
+    if rng.random() < 0.3:  # a forward may run again before its backward, keeping a resident part
+        again = tuple(round(f * rng.uniform(0.8, 1.2), 1) if decimal else f * rng.uniform(0.8, 1.2)
+                      for f in forward)
+        recompute = Recompute(True, again, tuple(int(a * rng.uniform(0.0, 0.3)) for a in activation))
     return Problem(name, Pipeline(p, v, placement, m), Costs(forward, backward, weight, p2p),
-                   Memory(activation, keep, budget), offload)
+                   Memory(activation, keep, budget), offload, recompute)
 
 
 def _same(a, b) -> bool:
