@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from optpipe.core.units import format_size
+from optpipe.solvers.result import gap
 from optpipe.cli.commands.common import console, markup_safe
 
 __all__ = ["print_comparison", "comparison_table", "print_result", "result_table", "timeline_table"]
@@ -68,10 +69,10 @@ def result_table(compiled) -> Table:
     base = compiled.baseline
     if base is not None:
         b = base.timeline
-        gap = max(0.0, (b.makespan - compiled.lower_bound_ms) / b.makespan)
+        base_gap = gap(b.makespan, compiled.lower_bound_ms)
         table.add_row(f"{base.name} (best fitting heuristic)", f"{b.makespan:,.1f}", f"{b.bubble_ratio:.1%}",
                       format_size(b.peak), str(len(base.schedule.offloaded)), f"{compiled.lower_bound_ms:,.1f}",
-                      f"{gap:.2%}", "-")
+                      f"{base_gap:.2%}", "-")
     else:
         table.caption = "no heuristic fits this budget"
     return table

@@ -39,7 +39,7 @@ from .bounds import Bound, makespan_lower_bound, memory_lower_bound
 from .compare import Entry, best_fitting, compare
 from .milp import solve_milp
 from .registry import get_generator
-from .result import Progress, SolveResult, SolveStatus
+from .result import Progress, SolveResult, SolveStatus, gap
 from .timegrid import choose_grid
 from .recompute import trade_for_offloads
 from .repair import repair_candidates
@@ -92,7 +92,8 @@ class Compiled:
 
     @property
     def gap(self) -> float:
-        return max(0.0, (self.makespan_ms - self.lower_bound_ms) / self.makespan_ms) if self.makespan_ms > 0 else 0.0
+        share = gap(self.makespan_ms, self.lower_bound_ms)
+        return 0.0 if share is None else share
 
     @property
     def offloaded(self) -> int:

@@ -8,7 +8,15 @@ from enum import Enum
 from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import Timeline
 
-__all__ = ["SolveStatus", "SolveResult", "Progress"]
+__all__ = ["gap", "SolveStatus", "SolveResult", "Progress"]
+
+
+def gap(makespan_ms: float | None, bound_ms: float | None) -> float | None:
+    """How far a makespan may be above the optimum, as a share of it: (makespan - bound) / makespan,
+    never negative; None when either is unknown or the makespan is not positive."""
+    if makespan_ms is None or bound_ms is None or makespan_ms <= 0:
+        return None
+    return max(0.0, (makespan_ms - bound_ms) / makespan_ms)
 
 
 class SolveStatus(str, Enum):
@@ -29,9 +37,7 @@ class Progress:
 
     @property
     def gap(self) -> float | None:
-        if self.incumbent_ms is None or self.bound_ms is None or self.incumbent_ms <= 0:
-            return None
-        return max(0.0, (self.incumbent_ms - self.bound_ms) / self.incumbent_ms)
+        return gap(self.incumbent_ms, self.bound_ms)
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,4 @@ class SolveResult:
 
     @property
     def gap(self) -> float | None:
-        if self.timeline is None or self.timeline.makespan <= 0:
-            return None
-        return max(0.0, (self.timeline.makespan - self.lower_bound_ms) / self.timeline.makespan)
+        return gap(self.makespan_ms, self.lower_bound_ms)
