@@ -31,9 +31,9 @@ def comparison_table(problem, entries) -> Table:
                             ("peak memory (device)", "right"), ("host peak", "right"), ("fits", "center"), ("note", "left")):
         table.add_column(column, justify=justify, overflow="fold")
     for entry in entries:
-        t = entry.timeline
-        if t is None:
+        if entry.judged is None:
             continue
+        t = entry.judged.timeline
         fits = "[green]yes[/]" if t.fits else "[red]no[/]"
         note = "" if t.fits_budget else f"{t.peak / budget:.2f}x the budget"
         if not t.fits_host:
@@ -62,7 +62,7 @@ def result_table(compiled) -> Table:
     for column in ("schedule", "makespan ms", "bubble", "peak memory", "offloaded", "lower bound ms", "gap",
                    "solve s"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
-    t = compiled.timeline
+    t = compiled.judged.timeline
     table.add_row(f"[bold]{compiled.solver}[/] ({compiled.status.value})", f"{t.makespan:,.1f}",
                   f"{t.bubble_ratio:.1%}", format_size(t.peak), str(compiled.offloaded),
                   f"{compiled.lower_bound_ms:,.1f}", f"{compiled.gap:.2%}", f"{compiled.solve_time_s:.1f}")

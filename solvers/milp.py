@@ -280,7 +280,7 @@ class _Search:
 
 def _default_hint(problem: Problem) -> Schedule | None:
     """The fastest registered heuristic that fits the budget, if any."""
-    best = best_fitting([entry for entry in compare(problem) if entry.schedule is None or not entry.schedule.recomputed])
+    best = best_fitting([e for e in compare(problem) if e.judged is None or not e.judged.schedule.recomputed])
     return best.schedule if best is not None else None
 
 
