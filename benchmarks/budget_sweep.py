@@ -38,14 +38,14 @@ def _point(problem, factor: float, peak: int, time_limit_s: float, seed: int) ->
     at = problem.with_budget(budget)
     capped = next(e for e in compare(at, ["1F1B-capped"]))
     row = {"factor": factor, "budget_bytes": budget,
-           "capped_ms": capped.timeline.makespan if capped.fits else None}
+           "capped_ms": capped.judged.makespan_ms if capped.fits else None}
     try:
         compiled = compile_problem(at, time_limit_s=time_limit_s, seed=seed)
     except InfeasibleError as error:
         return {**row, "status": "infeasible", "message": str(error)}
     return {**row, "status": compiled.status.value, "makespan_ms": compiled.makespan_ms,
             "lower_bound_ms": compiled.lower_bound_ms, "gap": compiled.gap, "start": compiled.start,
-            "peak_memory_bytes": compiled.timeline.peak, "offloaded": compiled.offloaded,
+            "peak_memory_bytes": compiled.judged.peak, "offloaded": compiled.offloaded,
             "solve_time_s": compiled.solve_time_s}
 
 
@@ -87,7 +87,7 @@ def _curve(rows: list[dict], reference: float) -> Table:
 def run(time_limit_s: float = 10.0, points: int = 9, path: Path = PROBLEM, seed: int = 0) -> list[dict]:
     problem = load_problem(path)
     po_h = next(e for e in compare(problem, ["PO-H"]))
-    peak, reference = po_h.timeline.peak, po_h.timeline.makespan
+    peak, reference = po_h.judged.peak, po_h.judged.makespan_ms
     console.print(f"{problem.name}: PO-H takes {reference:,.1f} ms at a peak of {format_size(peak)}; "
                   f"{points} budgets from {LOW}x to {HIGH}x of that, {time_limit_s:g} s each")
     rows = []

@@ -88,23 +88,24 @@ def disagreements(problem: Problem, seconds: float, seed: int = 0) -> list[str]:
     """Every way the schedule sources disagree with the simulator on one problem, in words."""
     from optpipe.plan.lower import lower
     from optpipe.plan.verify import predict
-    from optpipe.solvers.compare import compare
+    from optpipe.solvers.compare import applicable, compare
     from optpipe.solvers.cpsat import solve_cpsat
     from optpipe.solvers.lns import improve
     from optpipe.solvers.milp import solve_milp
     from optpipe.solvers.timegrid import choose_grid
-    from optpipe.solvers.warmstart import best_candidate, warm_starts
+    from optpipe.solvers.result import fastest_fitting
+    from optpipe.solvers.warmstart import warm_starts
 
     found: list[str] = []
     entries = compare(problem)
-    for entry in entries:
-        if entry.timeline is not None and not _same(entry.timeline, simulate(problem, entry.schedule)):
-            found.append(f"heuristic {entry.name}: its timeline is not the simulator's")
+    for judged in applicable(entries):
+        if not _same(judged.timeline, simulate(problem, judged.schedule)):
+            found.append(f"heuristic {judged.name}: its timeline is not the simulator's")
     candidates = warm_starts(problem, entries)
     for candidate in candidates:
         if not _same(candidate.timeline, simulate(problem, candidate.schedule)):
             found.append(f"warm start {candidate.name}: its timeline is not the simulator's")
-    start = best_candidate(candidates)
+    start = fastest_fitting(candidates)
     hint = start.schedule if start is not None else None
     try:
         result = solve_cpsat(problem, time_limit_s=seconds, hint=hint, workers=1, seed=seed)
@@ -135,8 +136,8 @@ def disagreements(problem: Problem, seconds: float, seed: int = 0) -> list[str]:
         found += _judge("milp-highs", problem, milp, choose_milp_grid(problem).exact)
     if start is not None:
         search = improve(problem, start.schedule, time_limit_s=seconds, workers=1, seed=seed)
-        again = simulate(problem, search.schedule)
-        if not again.fits or not _same(again, search.timeline):
+        again = simulate(problem, search.best.schedule)
+        if not again.fits or not _same(again, search.best.timeline):
             found.append("window search: its schedule does not re-simulate as reported within budget")
     return found
 

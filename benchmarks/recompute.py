@@ -42,8 +42,8 @@ def _compile(problem, time_limit_s):
     except InfeasibleError:
         return None
     return {"makespan_ms": result.makespan_ms, "lower_bound_ms": result.lower_bound_ms,
-            "offloaded": len(result.schedule.offloaded), "recomputed": len(result.schedule.recomputed),
-            "peak": result.timeline.peak, "fits": result.timeline.fits}
+            "offloaded": len(result.judged.schedule.offloaded), "recomputed": len(result.judged.schedule.recomputed),
+            "peak": result.judged.peak, "fits": result.judged.fits}
 
 
 def run(time_limit_s: float = TIME_LIMIT_S) -> list[dict]:

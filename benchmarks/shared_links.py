@@ -37,15 +37,15 @@ def run(time_limit_s: float = TIME_LIMIT_S) -> list[dict]:
     for k, budget_fraction in ((1.0, 1.5), (1.0, 1.75), (1.5, 1.25), (1.5, 1.5)):  # budgets in 2-activation units
         own, shared = _problem(k, budget_fraction)
         ignorant = compile_problem(own, time_limit_s=time_limit_s, workers=1)
-        truth = simulate(shared, ignorant.schedule)
+        truth = simulate(shared, ignorant.judged.schedule)
         aware = compile_problem(shared, time_limit_s=time_limit_s, workers=1)
         rows.append({
             "k": k, "budget_bytes": own.memory.budget,
-            "ignoring_planned_ms": ignorant.makespan_ms, "ignoring_planned_peak": ignorant.timeline.peak,
+            "ignoring_planned_ms": ignorant.makespan_ms, "ignoring_planned_peak": ignorant.judged.peak,
             "ignoring_actual_ms": truth.makespan, "ignoring_actual_peak": truth.peak, "ignoring_fits": truth.fits,
-            "ignoring_offloaded": len(ignorant.schedule.offloaded),
-            "aware_ms": aware.makespan_ms, "aware_peak": aware.timeline.peak, "aware_fits": aware.timeline.fits,
-            "aware_offloaded": len(aware.schedule.offloaded), "aware_lower_bound_ms": aware.lower_bound_ms,
+            "ignoring_offloaded": len(ignorant.judged.schedule.offloaded),
+            "aware_ms": aware.makespan_ms, "aware_peak": aware.judged.peak, "aware_fits": aware.judged.fits,
+            "aware_offloaded": len(aware.judged.schedule.offloaded), "aware_lower_bound_ms": aware.lower_bound_ms,
         })
     table = Table(title=f"p = 4, m = 8, link groups {GROUPS}: compiled ignoring the sharing vs aware of it "
                         f"(CP-SAT, {time_limit_s:g} s)")

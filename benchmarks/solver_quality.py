@@ -52,7 +52,7 @@ def _row(problem: Problem, time_limit_s: float, seed: int) -> dict:
                 "offload": problem.offload.enabled, "devices": problem.devices,
                 "time_limit_s": time_limit_s, "solve_time_s": time.monotonic() - began}
     base = compiled.baseline.timeline if compiled.baseline else None
-    idle = compiled.timeline.idle_time
+    idle = compiled.judged.timeline.idle_time
     base_idle = base.makespan - base.busiest_compute if base else None
     return {
         "problem": problem.name,
@@ -69,7 +69,7 @@ def _row(problem: Problem, time_limit_s: float, seed: int) -> dict:
         "status": compiled.status.value,
         "warm_start": compiled.start,
         "offloaded": compiled.offloaded,
-        "peak_memory_bytes": compiled.timeline.peak,
+        "peak_memory_bytes": compiled.judged.peak,
         "budget_bytes": problem.memory.budget,
         "time_limit_s": time_limit_s,
         "solve_time_s": compiled.solve_time_s,
@@ -123,7 +123,7 @@ def _pct(x: float | None) -> str:
 
 
 def _every_heuristic(problem: Problem) -> dict:
-    return {e.name: (e.timeline.makespan if e.fits else None) for e in compare(problem) if e.applicable}
+    return {e.name: (e.judged.makespan_ms if e.fits else None) for e in compare(problem) if e.applicable}
 
 
 def run_grid(time_limits: list[float], seed: int = 0, large: bool = False) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from optpipe.core.units import format_size
+from optpipe.solvers.result import gap
 from optpipe.cli.commands.common import console, markup_safe
 
 __all__ = ["print_comparison", "comparison_table", "print_result", "result_table", "timeline_table"]
@@ -30,9 +31,9 @@ def comparison_table(problem, entries) -> Table:
                             ("peak memory (device)", "right"), ("host peak", "right"), ("fits", "center"), ("note", "left")):
         table.add_column(column, justify=justify, overflow="fold")
     for entry in entries:
-        t = entry.timeline
-        if t is None:
+        if entry.judged is None:
             continue
+        t = entry.judged.timeline
         fits = "[green]yes[/]" if t.fits else "[red]no[/]"
         note = "" if t.fits_budget else f"{t.peak / budget:.2f}x the budget"
         if not t.fits_host:
@@ -61,17 +62,17 @@ def result_table(compiled) -> Table:
     for column in ("schedule", "makespan ms", "bubble", "peak memory", "offloaded", "lower bound ms", "gap",
                    "solve s"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
-    t = compiled.timeline
+    t = compiled.judged.timeline
     table.add_row(f"[bold]{compiled.solver}[/] ({compiled.status.value})", f"{t.makespan:,.1f}",
                   f"{t.bubble_ratio:.1%}", format_size(t.peak), str(compiled.offloaded),
                   f"{compiled.lower_bound_ms:,.1f}", f"{compiled.gap:.2%}", f"{compiled.solve_time_s:.1f}")
     base = compiled.baseline
     if base is not None:
         b = base.timeline
-        gap = max(0.0, (b.makespan - compiled.lower_bound_ms) / b.makespan)
+        base_gap = gap(b.makespan, compiled.lower_bound_ms)
         table.add_row(f"{base.name} (best fitting heuristic)", f"{b.makespan:,.1f}", f"{b.bubble_ratio:.1%}",
                       format_size(b.peak), str(len(base.schedule.offloaded)), f"{compiled.lower_bound_ms:,.1f}",
-                      f"{gap:.2%}", "-")
+                      f"{base_gap:.2%}", "-")
     else:
         table.caption = "no heuristic fits this budget"
     return table

@@ -19,4 +19,4 @@ def resolve(problem: Problem, current: Program, solver: str, time_limit_s: float
     """In the background process: (plan bytes, schedule name, predicted new ms, predicted current ms)."""
     compiled = compile_problem(problem, solver=solver, time_limit_s=time_limit_s, workers=1)
     before = simulate(problem, raise_schedule(current)).makespan
-    return encode(lower(problem, compiled.schedule)), compiled.schedule.name, compiled.makespan_ms, before
+    return encode(lower(problem, compiled.judged.schedule)), compiled.judged.schedule.name, compiled.makespan_ms, before

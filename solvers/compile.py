@@ -36,14 +36,14 @@ from optpipe.core.simulate import Timeline, describe_fit, simulate
 from optpipe.core.units import format_size
 
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
-from .compare import Entry, best_fitting, compare
+from .compare import Entry, applicable, best_fitting, compare
 from .milp import solve_milp
 from .registry import get_generator
-from .result import Progress, SolveResult, SolveStatus
+from .result import Judged, Progress, SolveResult, SolveStatus, fastest_fitting, gap
 from .timegrid import choose_grid
 from .recompute import trade_for_offloads
 from .repair import repair_candidates
-from .warmstart import Candidate, best_candidate, warm_starts
+from .warmstart import warm_starts
 
 __all__ = ["SOLVERS", "Compiled", "compile_problem", "exact_model_fits"]
 
@@ -75,12 +75,11 @@ class Compiled:
     problem: Problem
     solver: str
     status: SolveStatus
-    schedule: Schedule
-    timeline: Timeline
+    judged: Judged  # the schedule returned, under the name of what found it (a solver or a warm start)
     lower_bound_ms: float
     lower_bound_reason: str
     solve_time_s: float
-    baseline: Entry | None  # the best fitting heuristic
+    baseline: Judged | None  # the best fitting heuristic
     start: str  # the warm start the solver began from
     note: str  # what happened, in words
     resolution_ms: float | None = None  # the exact model's time unit, when one ran
@@ -88,15 +87,16 @@ class Compiled:
 
     @property
     def makespan_ms(self) -> float:
-        return self.timeline.makespan
+        return self.judged.makespan_ms
 
     @property
     def gap(self) -> float:
-        return max(0.0, (self.makespan_ms - self.lower_bound_ms) / self.makespan_ms) if self.makespan_ms > 0 else 0.0
+        share = gap(self.makespan_ms, self.lower_bound_ms)
+        return 0.0 if share is None else share
 
     @property
     def offloaded(self) -> int:
-        return len(self.schedule.offloaded)
+        return len(self.judged.schedule.offloaded)
 
     def to_json(self) -> dict:
         base = self.baseline.timeline if self.baseline else None
@@ -107,12 +107,12 @@ class Compiled:
             "lower_bound_ms": self.lower_bound_ms,
             "gap": self.gap,
             "solve_time_s": self.solve_time_s,
-            "peak_memory_bytes": self.timeline.peak,
+            "peak_memory_bytes": self.judged.peak,
             "budget_bytes": self.problem.memory.budget,
             "offloaded": self.offloaded,
             "baseline_name": self.baseline.name if self.baseline else None,
             "baseline_makespan_ms": base.makespan if base else None,
-            "busiest_compute_ms": self.timeline.busiest_compute,
+            "busiest_compute_ms": self.judged.timeline.busiest_compute,
             "warnings": list(self.warnings),
         }
 
@@ -150,7 +150,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     if _mixes(problem, solver):
         candidates += _pure_strategies(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
         candidates += _mixed_start(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
-    start = best_candidate(candidates)
+    start = fastest_fitting(candidates)
     if start is not None:
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))
     left = max(0.0, time_limit_s - (time.monotonic() - began))
@@ -162,25 +162,25 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     chosen = _better(result, start)
     if chosen is None:
         raise _infeasible(problem, candidates, result)
-    schedule, timeline, name = chosen
+    timeline, name = chosen.timeline, chosen.name
     lower = max(bound.value, result.lower_bound_ms if result is not None else 0.0)
     reason = bound.reason if lower == bound.value else f"{solver}'s own bound"
     lower = min(lower, timeline.makespan)
     status, note = _verdict(result, start, name, timeline, lower, baseline)
-    return Compiled(problem, solver, status, schedule, timeline, lower, reason, elapsed, baseline,
+    return Compiled(problem, solver, status, chosen, lower, reason, elapsed, baseline,
                     start.name if start else "-", note, result.resolution_ms if result else None, tuple(warnings))
 
 
-def _early_repairs(problem: Problem, entries: list[Entry], deadline: float) -> list[Candidate]:
+def _early_repairs(problem: Problem, entries: list[Entry], deadline: float) -> list[Judged]:
     """When every fitting heuristic is far slower than the fastest (a tight budget), the nearly
     fitting heuristics repaired first (repair.py), before the warm-start variants take their
     share: at p >= 24 one round of offloads often makes PO-H fit, and the variants may take all
     the time there is."""
-    plain = [Candidate(e.name, e.schedule, e.timeline) for e in entries if e.timeline is not None]
+    plain = applicable(entries)
     if not plain or not problem.offload.enabled or deadline - time.monotonic() <= _MIN_REPAIR_S:
         return []
     fastest = min(c.timeline.makespan for c in plain)
-    fitting = best_candidate(plain)
+    fitting = fastest_fitting(plain)
     if fitting is not None and fitting.timeline.makespan <= _FAR_SLOWER * fastest:
         return []
     return repair_candidates(problem, plain, deadline=deadline)
@@ -214,29 +214,29 @@ def _check_solver(solver: str) -> None:
                       f"or heuristic:NAME (for example heuristic:ZB-H1)")
 
 
-def _heuristic(problem: Problem, solver: str, entries: list[Entry], baseline: Entry | None, bound: Bound,
+def _heuristic(problem: Problem, solver: str, entries: list[Entry], baseline: Judged | None, bound: Bound,
                began: float) -> Compiled:
     name = solver.split(":", 1)[1]
     canonical = get_generator(name).name
     entry = next(e for e in entries if e.name == canonical)
-    if entry.timeline is None:
+    if entry.judged is None:
         raise NotApplicable(f"{canonical} does not apply to this problem: {entry.reason}")
     if not entry.fits:
-        peak = entry.timeline.peak
+        peak = entry.judged.peak
         raise InfeasibleError(
             f"{canonical} does not fit: it peaks at {format_size(peak)} against a budget of "
             f"{format_size(problem.memory.budget)}; raise the budget to {format_size(peak)} or use --solver cpsat",
             smallest_found=peak, memory_lower_bound=int(memory_lower_bound(problem).value))
-    timeline = entry.timeline
+    timeline = entry.judged.timeline
     lower = min(bound.value, timeline.makespan)
     optimal = timeline.makespan <= lower + _EPS
     status = SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE
-    return Compiled(problem, solver, status, entry.schedule, timeline, lower, bound.reason,
+    return Compiled(problem, solver, status, entry.judged, lower, bound.reason,
                     time.monotonic() - began, baseline, canonical, f"the {canonical} heuristic, as asked")
 
 
-def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: float, seed: int,
-         workers: int | None, on_progress, bound: Bound, candidates: list[Candidate] = ()) -> SolveResult | None:
+def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: float, seed: int,
+         workers: int | None, on_progress, bound: Bound, candidates: list[Judged] = ()) -> SolveResult | None:
     hint = start.schedule if start is not None else None
     if solver == "cpsat":
         if exact_model_fits(problem) or start is None:
@@ -249,8 +249,8 @@ def _run(problem: Problem, solver: str, start: Candidate | None, time_limit_s: f
         began = time.monotonic()
         search = improve(problem, start.schedule, time_limit_s=time_limit_s, seed=seed, workers=workers,
                          on_progress=on_progress, bound_ms=bound.value, restarts=_restarts(start, candidates))
-        return SolveResult("cpsat", SolveStatus.FEASIBLE, search.schedule.renamed("cpsat"), search.timeline,
-                           search.timeline.makespan, bound.value, time.monotonic() - began, 0.0)
+        return SolveResult("cpsat", SolveStatus.FEASIBLE, search.best.schedule.renamed("cpsat"), search.best.timeline,
+                           search.best.makespan_ms, bound.value, time.monotonic() - began, 0.0)
     backend = solver.split("-", 1)[1]
     return solve_milp(problem, backend=backend, time_limit_s=time_limit_s, hint=hint, seed=seed,
                       on_progress=on_progress)
@@ -271,20 +271,20 @@ def _search_resolution(problem: Problem, solver: str) -> float | None:
     return None if grid.exact else grid.resolution_ms
 
 
-def _pure_strategies(problem: Problem, solver: str, candidates: list[Candidate], end: float, seed: int,
-                     workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Candidate]:
+def _pure_strategies(problem: Problem, solver: str, candidates: list[Judged], end: float, seed: int,
+                     workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Judged]:
     """The solver's answer on the problem without offload or on the problem without recompute
     (whichever has the faster warm start; one per share of _PURE_SHARES), from the best candidate
     that uses only that strategy, as candidates of the whole problem (a schedule with no
     transfers, or no recompute, simulates the same on either)."""
     pure = {"recompute-only": (problem.without_offload(), lambda c: not c.schedule.offloaded),
             "offload-only": (problem.without_recompute(), lambda c: not c.schedule.recomputed)}
-    starts = {name: best_candidate([c for c in candidates if usable(c)]) for name, (_, usable) in pure.items()}
+    starts = {name: fastest_fitting([c for c in candidates if usable(c)]) for name, (_, usable) in pure.items()}
     # the strategy whose warm start is faster is likelier to win: it is solved first, for longer
     order = sorted(pure, key=lambda name: starts[name].timeline.makespan if starts[name] else float("inf"))
     # When no heuristic that both offloads and recomputes beats the pure ones, the link hides little:
     # the pure strategy is likely the answer and gets most of the time.
-    mixed = best_candidate([c for c in candidates if c.schedule.offloaded and c.schedule.recomputed])
+    mixed = fastest_fitting([c for c in candidates if c.schedule.offloaded and c.schedule.recomputed])
     pure_best = min((c.timeline.makespan for c in starts.values() if c is not None), default=float("inf"))
     shares = _PURE_SHARES if mixed is not None and mixed.timeline.makespan < pure_best - _EPS else _PURE_ALONE
     out = []
@@ -303,23 +303,23 @@ def _pure_strategies(problem: Problem, solver: str, candidates: list[Candidate],
         if result is None or result.schedule is None:
             continue
         label = f"{solver}/{name}"
-        answer = Candidate(label, result.schedule.renamed(label), simulate(problem, result.schedule))
+        answer = Judged(label, result.schedule.renamed(label), simulate(problem, result.schedule))
         if name == "recompute-only":  # recompute only what the link cannot hide
             traded = trade_for_offloads(problem, result.schedule, deadline=end)
             if traded is not result.schedule:  # no slower, less compute: listed first, it wins a tie
-                out.append(Candidate(label + "+offload", traded.renamed(label + "+offload"), simulate(problem, traded)))
+                out.append(Judged(label + "+offload", traded.renamed(label + "+offload"), simulate(problem, traded)))
         out.append(answer)
     return out
 
 
-def _mixed_start(problem: Problem, solver: str, candidates: list[Candidate], end: float, seed: int,
-                 workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Candidate]:
+def _mixed_start(problem: Problem, solver: str, candidates: list[Judged], end: float, seed: int,
+                 workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Judged]:
     """The mix solved for a share of the time from the best candidate that both offloads and
     recomputes, when that is not the best candidate overall: the search from a pure strategy's
     answer and the one from a mixed heuristic (1F1B-capped-RC/OFF, PO-H-RC) find different
     schedules, and the better of the two is where the last solve starts."""
-    best = best_candidate(candidates)
-    mixed = best_candidate([c for c in candidates if c.schedule.offloaded and c.schedule.recomputed
+    best = fastest_fitting(candidates)
+    mixed = fastest_fitting([c for c in candidates if c.schedule.offloaded and c.schedule.recomputed
                             and not c.name.startswith(f"{solver}/")])  # a heuristic, not a pure answer traded
     left = end - time.monotonic()
     if mixed is None or mixed is best or left <= _MIN_REPAIR_S or mixed.timeline.makespan <= bound.value + _EPS:
@@ -330,10 +330,10 @@ def _mixed_start(problem: Problem, solver: str, candidates: list[Candidate], end
     if result is None or result.schedule is None:
         return []
     label = f"{solver}/mix-from-{mixed.name}"
-    return [Candidate(label, result.schedule.renamed(label), result.timeline)]
+    return [Judged(label, result.schedule.renamed(label), result.timeline)]
 
 
-def _restarts(start: Candidate, candidates: list[Candidate]) -> list[Schedule]:
+def _restarts(start: Judged, candidates: list[Judged]) -> list[Schedule]:
     """Other fitting warm starts close to the best (within _RESTART_WITHIN), from other heuristics,
     fastest first: the window search spends a share of its time on each (lns.py)."""
     seen, out = {start.name.split("+")[0]}, []
@@ -348,18 +348,16 @@ def _restarts(start: Candidate, candidates: list[Candidate]) -> list[Schedule]:
     return out
 
 
-def _better(result: SolveResult | None, start: Candidate | None) -> tuple[Schedule, Timeline, str] | None:
+def _better(result: SolveResult | None, start: Judged | None) -> Judged | None:
     """The solver's schedule when it fits and is faster than the warm start, else the warm start."""
     solved = result is not None and result.timeline is not None and result.timeline.fits
     if solved and (start is None or result.timeline.makespan < start.timeline.makespan - _EPS):
-        return result.schedule, result.timeline, result.solver
-    if start is not None:
-        return start.schedule, start.timeline, start.name
-    return None
+        return result.judged
+    return start
 
 
-def _verdict(result: SolveResult | None, start: Candidate | None, name: str, timeline: Timeline, lower: float,
-             baseline: Entry | None) -> tuple[SolveStatus, str]:
+def _verdict(result: SolveResult | None, start: Judged | None, name: str, timeline: Timeline, lower: float,
+             baseline: Judged | None) -> tuple[SolveStatus, str]:
     proven = result is not None and result.status is SolveStatus.OPTIMAL and name == result.solver
     if proven or timeline.makespan <= lower + _EPS:
         return SolveStatus.OPTIMAL, "optimal: the makespan meets the lower bound" if not proven else "proven optimal"
@@ -371,7 +369,7 @@ def _verdict(result: SolveResult | None, start: Candidate | None, name: str, tim
     return SolveStatus.FEASIBLE, "not proven optimal within the time limit"
 
 
-def _infeasible(problem: Problem, candidates: list[Candidate], result: SolveResult | None) -> InfeasibleError:
+def _infeasible(problem: Problem, candidates: list[Judged], result: SolveResult | None) -> InfeasibleError:
     memory = memory_lower_bound(problem)
     closest = min(candidates, key=lambda c: c.timeline.peak) if candidates else None
     proven = result is not None and result.status is SolveStatus.INFEASIBLE

@@ -55,7 +55,7 @@ from .moves import improve_by_moves
 from .neighbourhoods import KINDS as WINDOW_KINDS
 from .neighbourhoods import Neighbourhood, choose, sweep
 from .recompute import flip_decisions
-from .result import Progress
+from .result import Judged, Progress
 from .timegrid import Grid, choose_grid
 
 __all__ = ["improve", "Search", "KINDS"]
@@ -71,10 +71,9 @@ _EPS = TOLERANCE_MS
 
 @dataclass(frozen=True)
 class Search:
-    """What the search did: the best schedule and its timeline, and how it got there."""
+    """What the search did: the best schedule it found, judged, and how it got there."""
 
-    schedule: Schedule
-    timeline: Timeline
+    best: Judged  # under the schedule's own name
     windows: int  # windows solved
     improvements: int  # windows that made the schedule faster
 
@@ -237,12 +236,12 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     flips_from = deadline - _FLIP_SHARE * time_limit_s if problem.recompute.enabled and max_windows is None else deadline
     best = context.search(best, flips_from, windows)
     if not (best.timeline.fits and best.score <= _score(first)):  # pragma: no cover - kept by acceptance
-        return Search(schedule, first, best.solved, 0)
+        return Search(_judged(schedule, first), best.solved, 0)
     if flips_from < deadline:  # the window models keep every choice's kind; recompute is decided here
         flipped = _flips(problem, best.schedule, deadline, rng)
-        return Search(flipped.schedule, flipped.timeline, best.solved + flipped.windows,
+        return Search(flipped.best, best.solved + flipped.windows,
                       best.improved + flipped.improvements)
-    return Search(best.schedule, best.timeline, best.solved, best.improved)
+    return Search(_judged(best.schedule, best.timeline), best.solved, best.improved)
 
 
 def _flips(problem: Problem, schedule: Schedule, deadline: float, rng: random.Random) -> Search:
@@ -250,7 +249,11 @@ def _flips(problem: Problem, schedule: Schedule, deadline: float, rng: random.Ra
     first = simulate(problem, schedule)
     flipped, timeline = flip_decisions(problem, schedule, deadline=deadline, rng=rng)
     faster = int(timeline.makespan < first.makespan - _EPS)
-    return Search(flipped, timeline, 1, faster)
+    return Search(_judged(flipped, timeline), 1, faster)
+
+
+def _judged(schedule: Schedule, timeline: Timeline) -> Judged:
+    return Judged(schedule.name, schedule, timeline)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from optpipe.core.errors import OptpipeError
 from optpipe.core.problem import Problem
@@ -43,7 +43,7 @@ from optpipe.core.semantics import Place, effects
 from optpipe.core.simulate import Timeline, simulate
 
 from .offload_slots import activation_windows, add_hidden_offloads, add_offloads, round_trip_ms
-from .warmstart import Candidate
+from .result import Judged
 
 __all__ = ["repair", "repair_candidates", "excess", "hold_back", "POLICIES"]
 
@@ -303,7 +303,7 @@ def _place(problem: Problem, compute: Schedule, pairs: frozenset, policy: str) -
 
 
 def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadline: float | None = None,
-           name: str | None = None, max_step: int | None = None, ceiling: float = math.inf) -> Candidate | None:
+           name: str | None = None, max_step: int | None = None, ceiling: float = math.inf) -> Judged | None:
     """A fitting schedule made from ``schedule`` by the rounds of the module docstring, or None.
 
     ``deadline`` is a ``time.monotonic()`` value; the repair gives up (None) when it passes.
@@ -328,7 +328,7 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
     stalled = False  # the last hold-back did not lower the excess: pull W passes forward too
     for _ in range(_MAX_ROUNDS):
         if timeline.fits:
-            return Candidate(name, placed.renamed(name), timeline)
+            return Judged(name, placed.renamed(name), timeline)
         if late() or not timeline.fits_host or timeline.makespan >= ceiling - _EPS:
             return None
         if offload and misses < 2:
@@ -373,8 +373,8 @@ def _tier(over: float) -> int:
     return next((k for k, limit in enumerate(_TIERS) if over <= limit), len(_TIERS))
 
 
-def repair_candidates(problem: Problem, candidates: list[Candidate], deadline: float | None = None,
-                      starts: int = 3) -> list[Candidate]:
+def repair_candidates(problem: Problem, candidates: list[Judged], deadline: float | None = None,
+                      starts: int = 3) -> list[Judged]:
     """Repaired versions of up to ``starts`` overflowing candidates faster than any fitting one.
 
     The nearest tier of them (peak at most 1.5 x the budget, else at most 2.5 x, else any),

@@ -1,14 +1,67 @@
-"""What every exact solver returns: a schedule, re-simulated, with its proof of quality."""
+"""What the solvers hand on: a judged schedule, what an exact solver adds to it, and the gap.
+
+Every schedule a solver, warm start or heuristic produces is judged by the simulator before
+anyone compares it; ``Judged`` is that pair with its name. The heuristics' comparison
+(compare.Entry), the window search (lns.Search), a solver's answer (``SolveResult``) and
+compile's verdict (compile.Compiled) add their own few fields around it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Iterable
 
 from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import Timeline
 
-__all__ = ["SolveStatus", "SolveResult", "Progress"]
+__all__ = ["Judged", "fastest_fitting", "gap", "SolveStatus", "SolveResult", "Progress"]
+
+
+def gap(makespan_ms: float | None, bound_ms: float | None) -> float | None:
+    """How far a makespan may be above the optimum, as a share of it: (makespan - bound) / makespan,
+    never negative; None when either is unknown or the makespan is not positive."""
+    if makespan_ms is None or bound_ms is None or makespan_ms <= 0:
+        return None
+    return max(0.0, (makespan_ms - bound_ms) / makespan_ms)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A named schedule with the simulator's verdict on it: the numbers we compare and report."""
+
+    name: str  # "ZB-H2", "ZB-H2+offload", "1F1B-I+W(1.5)+hidden-offload", "cpsat", ...
+    schedule: Schedule
+    timeline: Timeline  # simulate(problem, schedule)
+
+    @property
+    def makespan_ms(self) -> float:
+        return self.timeline.makespan
+
+    @property
+    def fits(self) -> bool:
+        return self.timeline.fits
+
+    @property
+    def peak(self) -> int:
+        return self.timeline.peak
+
+    def to_json(self) -> dict:
+        t = self.timeline
+        return {
+            "name": self.name,
+            "makespan_ms": t.makespan,
+            "bubble_ratio": t.bubble_ratio,
+            "peak_memory_bytes": list(t.peak_memory),
+            "host_peak_bytes": max(t.host_peak),
+            "fits_budget": t.fits,
+        }
+
+
+def fastest_fitting(judged: Iterable[Judged]) -> Judged | None:
+    """The fastest that fits (ties: the first listed, so a plain heuristic beats its variants)."""
+    fitting = [j for j in judged if j.fits]
+    return min(fitting, key=lambda j: j.timeline.makespan) if fitting else None
 
 
 class SolveStatus(str, Enum):
@@ -29,13 +82,17 @@ class Progress:
 
     @property
     def gap(self) -> float | None:
-        if self.incumbent_ms is None or self.bound_ms is None or self.incumbent_ms <= 0:
-            return None
-        return max(0.0, (self.incumbent_ms - self.bound_ms) / self.incumbent_ms)
+        return gap(self.incumbent_ms, self.bound_ms)
 
 
 @dataclass(frozen=True)
 class SolveResult:
+    """An exact solver's answer with its proof of quality.
+
+    It keeps ``schedule`` and ``timeline`` as separate fields (``judged`` is the pair) because a
+    solver may end with no schedule and because cpsat.py and milp.py build it field by field.
+    """
+
     solver: str  # "cpsat", "milp-highs", "milp-cbc", "heuristic:NAME"
     status: SolveStatus
     schedule: Schedule | None
@@ -46,11 +103,16 @@ class SolveResult:
     resolution_ms: float  # one time unit of the integer model
 
     @property
+    def judged(self) -> Judged | None:
+        """The answer under the solver's name, when there is one."""
+        if self.schedule is None or self.timeline is None:
+            return None
+        return Judged(self.solver, self.schedule, self.timeline)
+
+    @property
     def makespan_ms(self) -> float | None:
         return self.timeline.makespan if self.timeline else None
 
     @property
     def gap(self) -> float | None:
-        if self.timeline is None or self.timeline.makespan <= 0:
-            return None
-        return max(0.0, (self.timeline.makespan - self.lower_bound_ms) / self.timeline.makespan)
+        return gap(self.makespan_ms, self.lower_bound_ms)

@@ -18,31 +18,21 @@ Generation stops at the deadline: the plain heuristics come first, so there is a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from optpipe.core.errors import OptpipeError
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import Timeline, simulate
 
-from .compare import Entry
+from .compare import Entry, applicable
 from .offload_slots import add_hidden_offloads, add_offloads, offloadable
+from .result import Judged
 from .wfill import fill_with_w
 
-__all__ = ["Candidate", "warm_starts", "one_at_a_time", "best_candidate"]
+__all__ = ["warm_starts", "one_at_a_time"]
 
 _CAPS = (1.0, 1.5, 2.5)  # W-filling memory caps, as multiples of the budget (1.0 alone without offload)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    name: str  # "ZB-H2", "ZB-H2+offload", "1F1B-I+W(1.5)+hidden-offload", ...
-    schedule: Schedule
-    timeline: Timeline
-
-    @property
-    def fits(self) -> bool:
-        return self.timeline.fits
 
 
 def one_at_a_time(problem: Problem) -> Schedule:
@@ -64,7 +54,7 @@ def one_at_a_time(problem: Problem) -> Schedule:
 
 
 def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None = None,
-                bound_ms: float | None = None) -> list[Candidate]:
+                bound_ms: float | None = None) -> list[Judged]:
     """Candidates in the order above; variants are skipped once ``deadline`` (monotonic s) passes.
 
     Variants are built most promising first (when the deadline cuts, that is what is left out):
@@ -76,75 +66,113 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     and without a deadline. With ``bound_ms`` (a proven lower bound), building stops once a
     fitting candidate meets it.
     """
+    build = _Build(problem, applicable(entries), deadline, bound_ms)
+    for step in (build.fill_fastest, build.offload_each, build.fill_others, build.fill_looser):
+        if not step():
+            break
+    return build.done()
+
+
+@dataclass
+class _Build:
+    """The candidates built so far, each keyed by its place in the returned order, and the clock.
+
+    Keys: (0, n) the n-th heuristic as it is; (1,) one at a time; (2, n, k) heuristic n offloaded
+    the k-th way; (3, rank, cap, k) the rank-th fastest heuristic W-filled under caps[cap], then
+    offloaded the k-th way (k = 0: not offloaded).
+    """
+
+    problem: Problem
+    plain: list[Judged]  # the heuristics that apply, in the comparison's order
+    deadline: float | None
+    bound_ms: float | None
+    built: list[tuple[tuple, Judged]] = field(default_factory=list)
     # how long the last variant took: at p >= 24, where one takes seconds, one that cannot end by
     # the deadline is not started (a short one may overrun it a little, as it always could)
-    last_step = [0.0]
-    late = ((lambda: time.monotonic() + (last_step[0] if last_step[0] > 1.0 else 0.0) > deadline)
-            if deadline is not None else (lambda: False))
-    applicable = [e for e in entries if e.timeline is not None]
-    built: list[tuple[tuple, Candidate]] = [((0, n), Candidate(e.name, e.schedule, e.timeline))
-                                            for n, e in enumerate(applicable)]
-    sequential = one_at_a_time(problem)
-    built.append(((1,), Candidate(sequential.name, sequential, simulate(problem, sequential))))
-    met = lambda: bound_ms is not None and any(  # noqa: E731
-        c.fits and c.timeline.makespan <= bound_ms + 1e-9 for _, c in built)
+    last_step: float = 0.0
+    unfillable: set[int] = field(default_factory=set)
 
-    def done() -> list[Candidate]:
-        return [c for _, c in sorted(built, key=lambda item: item[0])]
+    def __post_init__(self) -> None:
+        self.built += [((0, n), j) for n, j in enumerate(self.plain)]
+        sequential = one_at_a_time(self.problem)
+        self.built.append(((1,), Judged(sequential.name, sequential, simulate(self.problem, sequential))))
+        self.caps = _CAPS if self.problem.offload.enabled else _CAPS[:1]
+        self.fastest = sorted(range(len(self.plain)), key=lambda n: self.plain[n].timeline.makespan)
 
-    caps = _CAPS if problem.offload.enabled else _CAPS[:1]
-    fastest = sorted(range(len(applicable)), key=lambda n: applicable[n].timeline.makespan)
-    unfillable: set[int] = set()
+    def done(self) -> list[Judged]:
+        return [j for _, j in sorted(self.built, key=lambda item: item[0])]
 
-    def fill(rank: int, n: int, c: int) -> None:
+    def stop(self) -> bool:
+        """Past the deadline (counting the last step's length when it was long), or a fitting
+        candidate already meets the lower bound."""
+        if self.deadline is not None:
+            if time.monotonic() + (self.last_step if self.last_step > 1.0 else 0.0) > self.deadline:
+                return True
+        return self.bound_ms is not None and any(
+            j.fits and j.timeline.makespan <= self.bound_ms + 1e-9 for _, j in self.built)
+
+    def fill_fastest(self) -> bool:
+        """The fastest heuristic's W passes filled under the budget (and offloaded)."""
+        for rank, n in enumerate(self.fastest[:1]):
+            if self.stop():
+                return False
+            self.fill(rank, n, 0)
+        return True
+
+    def offload_each(self) -> bool:
+        """Every heuristic's offloaded versions, fastest first."""
+        if not self.problem.offload.enabled:
+            return True
+        for n in self.fastest:
+            if self.stop():
+                return False
+            plain, began = self.plain[n], time.monotonic()
+            self.built.extend(((2, n, k), v) for k, v in enumerate(_offloaded(self.problem, plain.name, plain.schedule,
+                                                                               plain.timeline, self.deadline)))
+            self.last_step = time.monotonic() - began
+        return True
+
+    def fill_others(self) -> bool:
+        """The other heuristics' W passes filled under the budget (and offloaded)."""
+        for rank, n in enumerate(self.fastest[1:], start=1):
+            if self.stop():
+                return False
+            self.fill(rank, n, 0)
+        return True
+
+    def fill_looser(self) -> bool:
+        """Every heuristic W-filled under the looser caps, cap by cap."""
+        for c in range(1, len(self.caps)):
+            for rank, n in enumerate(self.fastest):
+                if n in self.unfillable:
+                    continue
+                if self.stop():
+                    return False
+                self.fill(rank, n, c)
+        return True
+
+    def fill(self, rank: int, n: int, c: int) -> None:
         began = time.monotonic()
-        _fill(rank, n, c)
-        last_step[0] = time.monotonic() - began
+        self._fill(rank, n, c)
+        self.last_step = time.monotonic() - began
 
-    def _fill(rank: int, n: int, c: int) -> None:
-        entry, cap = applicable[n], caps[c]
+    def _fill(self, rank: int, n: int, c: int) -> None:
+        problem, plain, cap = self.problem, self.plain[n], self.caps[c]
         try:
-            filled = fill_with_w(problem, entry.schedule, memory_cap=int(problem.memory.budget * cap))
+            filled = fill_with_w(problem, plain.schedule, memory_cap=int(problem.memory.budget * cap))
         except ValueError:  # an order W-filling cannot follow is simply not a candidate
-            unfillable.add(n)
+            self.unfillable.add(n)
             return
-        name = f"{entry.name}+W({cap:g})"
+        name = f"{plain.name}+W({cap:g})"
         timeline = simulate(problem, filled)
-        built.append(((3, rank, c, 0), Candidate(name, filled.renamed(name), timeline)))
+        self.built.append(((3, rank, c, 0), Judged(name, filled.renamed(name), timeline)))
         if problem.offload.enabled:
-            built.extend(((3, rank, c, 1 + k), v)
-                         for k, v in enumerate(_offloaded(problem, name, filled, timeline, deadline)))
-
-    # the fastest heuristic's W passes filled under the budget (and offloaded); every heuristic's
-    # offloaded versions; the others' W passes filled under the budget; then the looser caps
-    for rank, n in enumerate(fastest[:1]):
-        if late() or met():
-            return done()
-        fill(rank, n, 0)
-    if problem.offload.enabled:
-        for n in fastest:
-            if late() or met():
-                return done()
-            entry, began = applicable[n], time.monotonic()
-            built.extend(((2, n, k), v) for k, v in enumerate(_offloaded(problem, entry.name, entry.schedule,
-                                                                             entry.timeline, deadline)))
-            last_step[0] = time.monotonic() - began
-    for rank, n in enumerate(fastest[1:], start=1):
-        if late() or met():
-            return done()
-        fill(rank, n, 0)
-    for c in range(1, len(caps)):
-        for rank, n in enumerate(fastest):
-            if n in unfillable:
-                continue
-            if late() or met():
-                return done()
-            fill(rank, n, c)
-    return done()
+            self.built.extend(((3, rank, c, 1 + k), v)
+                              for k, v in enumerate(_offloaded(problem, name, filled, timeline, self.deadline)))
 
 
 def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline,
-               deadline: float | None = None) -> list[Candidate]:
+               deadline: float | None = None) -> list[Judged]:
     """The two offloaded variants; the hidden one is dropped when it cannot be placed by ``deadline``."""
     pairs = offloadable(timeline)
     if not pairs:
@@ -160,11 +188,6 @@ def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeli
         except OptpipeError:  # a variant that does not apply is simply not a candidate
             continue
         variant = f"{name}+{suffix}"
-        out.append(Candidate(variant, placed.renamed(variant), placed_timeline))
+        out.append(Judged(variant, placed.renamed(variant), placed_timeline))
     return out
 
-
-def best_candidate(candidates: list[Candidate]) -> Candidate | None:
-    """The fastest that fits (ties: the first listed, so a plain heuristic beats its variants)."""
-    fitting = [c for c in candidates if c.fits]
-    return min(fitting, key=lambda c: c.timeline.makespan) if fitting else None

@@ -89,9 +89,9 @@ def test_infeasible_error_carries_the_figures():
 def test_tiny_time_limit_still_returns_a_fitting_schedule():
     problem = uniform_problem(4, 8, act=100, keep=50, budget=200, offload=Offload(True, 1e5, 1e5, 10**9))
     compiled = compile_problem(problem, time_limit_s=0.01, workers=2)
-    assert compiled.timeline.fits
+    assert compiled.judged.fits
     assert compiled.makespan_ms <= compiled.baseline.timeline.makespan
-    assert simulate(problem, compiled.schedule).makespan == compiled.makespan_ms
+    assert simulate(problem, compiled.judged.schedule).makespan == compiled.makespan_ms
     assert compiled.status in (SolveStatus.NO_IMPROVEMENT, SolveStatus.FEASIBLE)
 
 
@@ -100,7 +100,7 @@ def test_no_improvement_returns_the_heuristic_and_says_so():
     problem = uniform_problem(4, 8, act=100, keep=50, budget=200)
     compiled = compile_problem(problem, time_limit_s=0.01, workers=2)
     assert compiled.status is SolveStatus.NO_IMPROVEMENT
-    assert compiled.schedule == compiled.baseline.schedule
+    assert compiled.judged.schedule == compiled.baseline.schedule
     assert "no improvement" in compiled.note
 
 

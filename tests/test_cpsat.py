@@ -18,7 +18,8 @@ from optpipe.solvers.cpsat import check_solution, solve_cpsat
 from optpipe.solvers.lns import improve
 from optpipe.solvers.result import SolveStatus
 from optpipe.solvers.timegrid import choose_grid
-from optpipe.solvers.warmstart import best_candidate, warm_starts
+from optpipe.solvers.result import fastest_fitting
+from optpipe.solvers.warmstart import warm_starts
 from optpipe.solvers.wfill import fill_with_w
 
 from conftest import PROBLEM_DIR, uniform_problem
@@ -31,7 +32,7 @@ WITH_OFFLOAD = uniform_problem(4, 8, act=100, keep=50, budget=250, offload=Offlo
 
 
 def _start(problem):
-    return best_candidate(warm_starts(problem, compare(problem))).schedule
+    return fastest_fitting(warm_starts(problem, compare(problem))).schedule
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,7 +77,7 @@ def test_decoded_schedule_resimulates_to_the_objective(problem):
 
 def test_check_rejects_a_schedule_over_the_budget():
     grid = choose_grid(TWO_ACTIVATIONS)
-    gpipe = next(e for e in compare(TWO_ACTIVATIONS) if e.name == "GPipe").timeline
+    gpipe = next(e for e in compare(TWO_ACTIVATIONS) if e.name == "GPipe").judged.timeline
     with pytest.raises(SolverError, match="over the memory budget"):
         check_solution(TWO_ACTIVATIONS, grid, gpipe, gpipe.makespan)
     with pytest.raises(SolverError, match="re-simulates to"):
@@ -126,18 +127,18 @@ def test_rounded_transfers_resimulate_no_slower_and_within_budget():
 
 def test_window_search_never_worse_and_improves():
     po_f = next(e for e in compare(WITH_OFFLOAD) if e.name == "PO-F")  # 30 ms; the optimum is 28
-    start, before = po_f.schedule, po_f.timeline.makespan
+    start, before = po_f.judged.schedule, po_f.judged.makespan_ms
     search = improve(WITH_OFFLOAD, start, time_limit_s=3.0, workers=2, seed=1)
-    assert search.timeline.fits
-    assert search.timeline.makespan < before
-    assert simulate(WITH_OFFLOAD, search.schedule).makespan == search.timeline.makespan
+    assert search.best.fits
+    assert search.best.makespan_ms < before
+    assert simulate(WITH_OFFLOAD, search.best.schedule).makespan == search.best.makespan_ms
 
 
 def test_window_search_keeps_a_schedule_it_cannot_improve():
     zb = next(e for e in compare(uniform_problem(4, 8)) if e.name == "ZB-H2")
-    assert zb.timeline.makespan == 27.0  # already at the lower bound
-    search = improve(uniform_problem(4, 8), zb.schedule, time_limit_s=1.0, workers=2)
-    assert search.timeline.makespan == 27.0
+    assert zb.judged.makespan_ms == 27.0  # already at the lower bound
+    search = improve(uniform_problem(4, 8), zb.judged.schedule, time_limit_s=1.0, workers=2)
+    assert search.best.makespan_ms == 27.0
 
 
 def test_w_filling_turns_1f1b_into_a_zero_bubble_schedule():
@@ -145,9 +146,9 @@ def test_w_filling_turns_1f1b_into_a_zero_bubble_schedule():
     # m(F+B+W) + (p-1)F = 27 ms; capped at ZB-H1's memory (four activations) they still do.
     problem = uniform_problem(4, 8, act=100, keep=50, budget=400)
     one_f_one_b = next(e for e in compare(problem) if e.name == "1F1B")
-    assert one_f_one_b.timeline.makespan == 33.0
-    free = simulate(problem, fill_with_w(problem, one_f_one_b.schedule))
-    capped = simulate(problem, fill_with_w(problem, one_f_one_b.schedule, memory_cap=400))
+    assert one_f_one_b.judged.makespan_ms == 33.0
+    free = simulate(problem, fill_with_w(problem, one_f_one_b.judged.schedule))
+    capped = simulate(problem, fill_with_w(problem, one_f_one_b.judged.schedule, memory_cap=400))
     assert free.makespan == capped.makespan == 27.0
     assert free.peak == 600 and capped.peak == 400
     assert sum(t.op.kind is OpKind.W for t in capped.timings) == 32

@@ -126,10 +126,11 @@ def test_cpsat_and_milp_respect_shared_links():
     from optpipe.solvers.cpsat import solve_cpsat
     from optpipe.solvers.milp import solve_milp
     from optpipe.solvers.bounds import makespan_lower_bound
-    from optpipe.solvers.warmstart import best_candidate, warm_starts
+    from optpipe.solvers.result import fastest_fitting
+    from optpipe.solvers.warmstart import warm_starts
 
     problem = _shared_problem()
-    hint = best_candidate(warm_starts(problem, compare(problem))).schedule
+    hint = fastest_fitting(warm_starts(problem, compare(problem))).schedule
     heuristic = simulate(problem, hint)
     assert heuristic.fits
     bound = makespan_lower_bound(problem).value

@@ -230,11 +230,12 @@ def test_cpsat_chooses_recompute_where_keeping_cannot_fill_the_pipeline():
     from optpipe.solvers.bounds import makespan_lower_bound
     from optpipe.solvers.compare import compare
     from optpipe.solvers.cpsat import solve_cpsat
-    from optpipe.solvers.warmstart import best_candidate, warm_starts
+    from optpipe.solvers.result import fastest_fitting
+    from optpipe.solvers.warmstart import warm_starts
 
     problem = replace(uniform_problem(4, 6, act=100, keep=50, budget=150, f=1, b=1, w=1),
                       recompute=Recompute(True, (1.0,) * 4, (10,) * 4))
-    start = best_candidate(warm_starts(problem, compare(problem)))
+    start = fastest_fitting(warm_starts(problem, compare(problem)))
     result = solve_cpsat(problem, time_limit_s=20, hint=start.schedule, workers=2, seed=1)
     assert result.timeline.fits and result.schedule.recomputed
     # keeping alone needs 49 ms here (capped); recomputing all but the last stage's, 33
@@ -297,7 +298,7 @@ def test_the_mix_is_never_slower_than_the_pure_strategies_it_solves_first():
     pure = {name: [p.incumbent_ms for p in seen if p.message.startswith(name + ":") and p.incumbent_ms]
             for name in ("recompute-only", "offload-only")}
     assert pure["recompute-only"]  # solved on its own first, and its answers joined the warm starts
-    assert result.timeline.fits
+    assert result.judged.fits
     assert result.makespan_ms <= min(min(v) for v in pure.values() if v) + 1e-9
     assert all(p.bound_ms <= result.makespan_ms + 1e-9 for p in seen)  # the whole problem's bound, not a pure one's
 
@@ -314,11 +315,11 @@ def test_the_window_search_decides_recompute_too():
     start = simulate(problem, everything)
     assert start.fits
     search = improve(problem, everything, time_limit_s=2, workers=1, seed=0)
-    assert search.timeline.fits and search.timeline.makespan < start.makespan  # some recomputes were not needed
-    assert len(search.schedule.recomputed) < len(everything.recomputed)
+    assert search.best.fits and search.best.makespan_ms < start.makespan  # some recomputes were not needed
+    assert len(search.best.schedule.recomputed) < len(everything.recomputed)
     capped = generate("1F1B-capped", problem)  # keeps everything: recomputing lets more microbatches in flight?
     search = improve(problem, capped, time_limit_s=2, workers=1, seed=0)
-    assert search.timeline.fits and search.timeline.makespan <= simulate(problem, capped).makespan
+    assert search.best.fits and search.best.makespan_ms <= simulate(problem, capped).makespan
 
 
 def add_recomputes_everywhere(problem):

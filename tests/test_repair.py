@@ -99,7 +99,7 @@ def test_compile_starts_from_a_repaired_schedule():
     problem = base.with_budget(int(_peak(base, "PO-H") * 0.6))
     compiled = compile_problem(problem, time_limit_s=3.0, workers=2)
     capped = simulate(problem, generate("1F1B-capped", problem))
-    assert compiled.timeline.fits
+    assert compiled.judged.fits
     assert compiled.makespan_ms < capped.makespan
     assert compiled.makespan_ms >= compiled.lower_bound_ms - 1e-6
 

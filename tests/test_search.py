@@ -24,8 +24,8 @@ PLAIN = uniform_problem(4, 8, act=100, keep=50, budget=400, name="search-plain")
 
 
 def _fitting(problem):
-    entries = [e for e in compare(problem) if e.timeline is not None and e.fits]
-    return sorted(entries, key=lambda e: -e.timeline.makespan)  # the slowest first: room to improve
+    fitting = [e.judged for e in compare(problem) if e.fits]
+    return sorted(fitting, key=lambda j: -j.makespan_ms)  # the slowest first: room to improve
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -34,9 +34,9 @@ def test_each_kind_alone_never_worse_and_fits(problem, kind):
     start = _fitting(problem)[0]
     search = improve(problem, start.schedule, time_limit_s=30.0, workers=1, seed=3, kinds=(kind,),
                      max_windows=4, deterministic=True, window_limit_s=0.5)
-    again = simulate(problem, search.schedule)
+    again = simulate(problem, search.best.schedule)
     assert again.fits
-    assert again.makespan == search.timeline.makespan
+    assert again.makespan == search.best.makespan_ms
     assert again.makespan <= start.timeline.makespan + 1e-9
 
 
@@ -45,23 +45,23 @@ def test_restarts_never_worse_than_the_first_start():
     search = improve(OFFLOAD, starts[0].schedule, time_limit_s=30.0, workers=1, seed=1,
                      restarts=[e.schedule for e in starts[1:3]], max_windows=9, deterministic=True,
                      window_limit_s=0.5)
-    assert search.timeline.fits
-    assert search.timeline.makespan <= min(e.timeline.makespan for e in starts[:3]) + 1e-9
+    assert search.best.fits
+    assert search.best.makespan_ms <= min(e.timeline.makespan for e in starts[:3]) + 1e-9
 
 
 def test_deterministic_with_a_fixed_seed_and_one_worker():
     start = _fitting(OFFLOAD)[0]
     runs = [improve(OFFLOAD, start.schedule, time_limit_s=60.0, workers=1, seed=7, max_windows=8,
                     deterministic=True, window_limit_s=0.5) for _ in range(2)]
-    assert runs[0].schedule.to_text() == runs[1].schedule.to_text()
-    assert runs[0].timeline.makespan == runs[1].timeline.makespan
+    assert runs[0].best.schedule.to_text() == runs[1].best.schedule.to_text()
+    assert runs[0].best.makespan_ms == runs[1].best.makespan_ms
 
 
 def test_the_search_improves_a_slow_start():
     start = _fitting(OFFLOAD)[0]
     search = improve(OFFLOAD, start.schedule, time_limit_s=60.0, workers=1, seed=1, max_windows=12,
                      deterministic=True, window_limit_s=0.5)
-    assert search.timeline.makespan < start.timeline.makespan
+    assert search.best.makespan_ms < start.timeline.makespan
     assert search.improvements >= 1
 
 

@@ -23,7 +23,8 @@ from optpipe.solvers.cpsat import solve_cpsat
 from optpipe.solvers.milp import solve_milp
 from optpipe.solvers.milp_model import choose_milp_grid
 from optpipe.solvers.timegrid import Grid, choose_grid
-from optpipe.solvers.warmstart import best_candidate, warm_starts
+from optpipe.solvers.result import fastest_fitting
+from optpipe.solvers.warmstart import warm_starts
 
 F, B, W, BW, OFF, REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 HERE = Path(__file__).resolve().parent
@@ -130,8 +131,8 @@ def test_model_units_are_the_simulators_times_on_an_exact_grid():
     grid = choose_grid(problem)
     assert grid.exact
     entry = next(e for e in compare(problem) if e.name == "1F1B")
-    units = start_times(problem, entry.schedule, grid.up)
-    for op, t in entry.timeline.by_op.items():
+    units = start_times(problem, entry.judged.schedule, grid.up)
+    for op, t in entry.judged.timeline.by_op.items():
         assert grid.ms(units[op]) == pytest.approx(t.start, abs=1e-9)
 
 
@@ -149,9 +150,9 @@ def test_issue_9_problem_compiles_and_fits():
 
     problem = _tiny()
     compiled = compile_problem(problem, time_limit_s=6, workers=1)
-    assert compiled.timeline.fits and not compiled.warnings
-    assert simulate(problem, compiled.schedule).peak <= problem.memory.budget
-    start = best_candidate(warm_starts(problem, compare(problem))).schedule
+    assert compiled.judged.fits and not compiled.warnings
+    assert simulate(problem, compiled.judged.schedule).peak <= problem.memory.budget
+    start = fastest_fitting(warm_starts(problem, compare(problem))).schedule
     result = solve_cpsat(problem, time_limit_s=4, hint=start, workers=1, seed=0)
     if result.schedule is not None:
         again = simulate(problem, result.schedule)
@@ -167,7 +168,7 @@ def test_compile_drops_a_broken_answer_with_a_warning(monkeypatch):
     monkeypatch.setattr(compile_module, "_run", broken)
     problem = _tiny()
     compiled = compile_module.compile_problem(problem, time_limit_s=2, workers=1)
-    assert compiled.timeline.fits and compiled.warnings
+    assert compiled.judged.fits and compiled.warnings
     assert "dropped" in compiled.warnings[0] and "internal" in compiled.warnings[0]
     assert issubclass(InternalError, SolverError)
 
@@ -188,7 +189,7 @@ def _agrees(problem, result, exact: bool) -> None:
 def test_cpsat_and_milp_agree_with_the_simulator_on_random_problems(seed):
     # non-grid costs, p2p > 0, offload with k from 0.3 to 3, tight to ample budgets, binding hosts
     problem = random_problem(random.Random(seed))
-    start = best_candidate(warm_starts(problem, compare(problem)))
+    start = fastest_fitting(warm_starts(problem, compare(problem)))
     hint = start.schedule if start is not None else None
     _agrees(problem, solve_cpsat(problem, time_limit_s=0.5, hint=hint, workers=1, seed=1),
             choose_grid(problem).exact)

@@ -53,9 +53,9 @@ def run(args) -> int:
             return error.exit_code
         raise
     if args.schedule_out:
-        dump_schedule(compiled.schedule, args.schedule_out)
+        dump_schedule(compiled.judged.schedule, args.schedule_out)
     if args.plan_out:
-        write_plan(args.plan_out, lower(problem, compiled.schedule))
+        write_plan(args.plan_out, lower(problem, compiled.judged.schedule))
     if args.json:
         print_json(compiled.to_json() | {"note": compiled.note, "warm_start": compiled.start,
                                          "resolution_ms": compiled.resolution_ms})
