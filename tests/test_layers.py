@@ -9,7 +9,8 @@ broken module so that it is seen to fail:
 - an import inside a function is there for start-up time only: it says why in a comment (on its
   line or just above), and what it defers loads torch, OR-Tools, PuLP or highspy;
 - torch is loaded only by the runtime: no module elsewhere reaches it through module-level imports;
-- commands do not import each other: what two commands share lives in a module of its own.
+- commands do not import each other: what two commands share lives in a module of its own;
+- no module over 500 lines and no function over 60, so each can be read in one sitting.
 """
 
 from __future__ import annotations
@@ -309,3 +310,36 @@ def test_a_command_importing_another_is_named():
                        cli__commands__compile_cmd="from optpipe.cli.views import print_result\n")
     assert command_to_command(imports) == [
         "optpipe.cli.commands.demo_cmd -> optpipe.cli.commands.compile_cmd (optpipe.cli.commands.demo_cmd:2)"]
+
+
+# ------------------------------------------------------------------- sizes a reader can hold
+
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 60
+
+
+def oversized(modules: dict[str, tuple[str, bool]]) -> list[str]:
+    """Modules over MAX_FILE_LINES lines and functions over MAX_FUNCTION_LINES, by name."""
+    found = []
+    for name, (text, _) in sorted(modules.items()):
+        lines = text.count("\n")
+        if lines > MAX_FILE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}.{node.name}: {length} lines")
+    return found
+
+
+def test_no_file_or_function_too_long_to_read_in_one_sitting():
+    assert oversized(MODULES) == []
+
+
+def test_the_size_check_names_what_is_too_long():
+    body = "\n".join(f"    x{k} = {k}" for k in range(MAX_FUNCTION_LINES))
+    long_function = f"def f():\n{body}\n"
+    long_file = "\n" * (MAX_FILE_LINES + 1)
+    assert oversized({"optpipe.core.a": (long_function, False), "optpipe.core.b": (long_file, False)}) == [
+        f"optpipe.core.a.f: {MAX_FUNCTION_LINES + 1} lines", f"optpipe.core.b: {MAX_FILE_LINES + 1} lines"]
