@@ -32,17 +32,22 @@ class SharedLinks:
     def shared_links(self) -> None:
         """One transfer at a time across the devices of a group, in an order the solver picks."""
         for group in self.problem.offload.link_groups:
-            for n, da in enumerate(group):
-                for db in group[n + 1:]:
-                    for kind in (_OFF, _REL):
-                        for s, i in self.items_on[da]:
-                            for t, j in self.items_on[db]:
-                                a, b = Op(kind, s, i), Op(kind, t, j)
-                                both = 2 - self.offload[(s, i)] - self.offload[(t, j)]
-                                y = self.lp.add_variable(f"y_{lp_name(a)}_{lp_name(b)}", cat=pulp.LpBinary)
-                                self.order[(a, b)] = y
-                                self.precede(a, b, 0, both + 1 - y)
-                                self.precede(b, a, 0, both + y)
+            for _, _, a, b, both in self._shared_pairs(group):
+                y = self.lp.add_variable(f"y_{lp_name(a)}_{lp_name(b)}", cat=pulp.LpBinary)
+                self.order[(a, b)] = y
+                self.precede(a, b, 0, both + 1 - y)
+                self.precede(b, a, 0, both + y)
+
+    def _shared_pairs(self, group: tuple[int, ...]):
+        """(device a, device b, transfer on a, transfer on b, 0 when both are offloaded) for each
+        pair of same-kind transfers on two devices of ``group``, in one fixed order."""
+        for n, da in enumerate(group):
+            for db in group[n + 1:]:
+                for kind in (_OFF, _REL):
+                    for s, i in self.items_on[da]:
+                        for t, j in self.items_on[db]:
+                            both = 2 - self.offload[(s, i)] - self.offload[(t, j)]
+                            yield da, db, Op(kind, s, i), Op(kind, t, j), both
 
     def served_in_order(self) -> None:
         """First come first served: the transfer carried first across two devices of a group is
@@ -54,16 +59,10 @@ class SharedLinks:
                 for device in group:
                     for s, i in self.items_on[device]:
                         self.ready[Op(kind, s, i)] = self.ready_time(Op(kind, s, i))
-            for n, da in enumerate(group):
-                for db in group[n + 1:]:
-                    for kind in (_OFF, _REL):
-                        for s, i in self.items_on[da]:
-                            for t, j in self.items_on[db]:
-                                a, b = Op(kind, s, i), Op(kind, t, j)
-                                y = self.order[(a, b)]
-                                both = 2 - self.offload[(s, i)] - self.offload[(t, j)]
-                                self.lp += self.ready[a] + int(da > db) <= self.ready[b] + big * (both + 1 - y)
-                                self.lp += self.ready[b] + int(db > da) <= self.ready[a] + big * (both + y)
+            for da, db, a, b, both in self._shared_pairs(group):
+                y = self.order[(a, b)]
+                self.lp += self.ready[a] + int(da > db) <= self.ready[b] + big * (both + 1 - y)
+                self.lp += self.ready[b] + int(db > da) <= self.ready[a] + big * (both + y)
 
     def ready_bound(self) -> int:
         return self.horizon + max(self.data.duration.values())
