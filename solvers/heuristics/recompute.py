@@ -33,10 +33,13 @@ from .pipeoffload import longest_half_per_device
 __all__ = ["capped_recompute", "po_h_recompute", "capped_recompute_offload"]
 
 
-def _require_recompute(problem: Problem, name: str) -> None:
+def _require_recompute(problem: Problem, name: str, offloads: str | None = None) -> None:
+    """NotApplicable unless recompute is enabled, and offload too when ``offloads`` says why it is needed."""
     require(problem.recompute.enabled,
             f"{name} re-runs forwards before their backwards, but recompute is not enabled in this problem; "
             f"add a [recompute] table")
+    if offloads is not None:
+        require(problem.offload.enabled, f"{name} {offloads}; enable [offload]")
 
 
 @register("1F1B-capped-RC", "memory-capped list schedule with every activation recomputed (issue 14)",
@@ -69,8 +72,7 @@ def capped_recompute(problem: Problem) -> Schedule:
 @register("PO-H-RC", "PO-H with what the host link cannot hide recomputed (issue 14)",
           "offloads the longest-lived half where the link hides it, recomputes the rest of that half")
 def po_h_recompute(problem: Problem) -> Schedule:
-    _require_recompute(problem, "PO-H-RC")
-    require(problem.offload.enabled, "PO-H-RC offloads what the host link hides; enable [offload]")
+    _require_recompute(problem, "PO-H-RC", offloads="offloads what the host link hides")
     base = gis_h(problem)
     timeline = simulate(problem, base)
     half = longest_half_per_device(problem, timeline)
@@ -84,6 +86,5 @@ def po_h_recompute(problem: Problem) -> Schedule:
 @register("1F1B-capped-RC/OFF", "1F1B-capped-RC with recomputes traded for offloads the link hides (issue 14)",
           "recomputes what the link cannot carry, offloads the rest; fits whenever 1F1B-capped-RC does")
 def capped_recompute_offload(problem: Problem) -> Schedule:
-    _require_recompute(problem, "1F1B-capped-RC/OFF")
-    require(problem.offload.enabled, "1F1B-capped-RC/OFF trades recomputes for offloads; enable [offload]")
+    _require_recompute(problem, "1F1B-capped-RC/OFF", offloads="trades recomputes for offloads")
     return trade_for_offloads(problem, capped_recompute(problem)).renamed("1F1B-capped-RC/OFF")
