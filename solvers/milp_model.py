@@ -45,18 +45,8 @@ from .milp_data import ModelData, choose_milp_grid, lower_bound, lp_name, prepar
 from .milp_links import SharedLinks
 from .milp_memory import MemoryRows, retaken_bytes
 
-__all__ = [
-    "Tight",
-    "Relief",
-    "MilpModel",
-    "build_model",
-    "choose_milp_grid",
-    "ModelData",
-    "prepare",
-    "serial_horizon",
-    "lower_bound",
-    "unit_times",
-]
+__all__ = ["Tight", "Relief", "MilpModel", "build_model", "choose_milp_grid", "ModelData", "prepare", "serial_horizon",
+           "lower_bound", "unit_times"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 _RC = OpKind.RECOMPUTE
