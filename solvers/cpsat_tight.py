@@ -18,6 +18,7 @@ from typing import Mapping, NamedTuple
 
 from ortools.sat.python import cp_model
 
+from optpipe.core.errors import InternalError
 from optpipe.core.schedule import Op
 
 from .cpsat_vars import COMPUTE, OFF, RC, REL, TRANSFERS, B, F, Variables
@@ -51,19 +52,9 @@ def add_tightness(v: Variables, follow_preds: Mapping[Op, Reasons]) -> dict[Tigh
             zero = op.kind is F and op.stage == 0 and v.floor[d] is None
             _require(v, tight, op, _compute_reasons(v, op) + _may_follow(v, op, compute) + floor, zero, True)
         for kind in TRANSFERS:
-            # Every device of a link group adds this for each of the group's transfers, with its
-            # own compute ops as reasons, so a transfer must also start at the end of something
-            # on each other device of its group (or of its data or channel). That cuts fitting
-            # schedules: p = 4 in link groups [0, 1], [2, 3], m = 4, F/B/W = 2/3/2 ms, 50 GB/s,
-            # a 200 MB budget (100 MB activations) claims 51 ms optimal where 47 ms fits (the
-            # MILP finds it). Kept as it was while the model is restructured; issue to follow.
-            channel = v.link_ops(d, kind)
-            channel_floor = v.channel_floor.get((v.link[d], kind))
-            for op in channel:
-                reasons = _may_follow(v, op, compute) + floor + v.data_preds(op) + _may_follow(v, op, channel)
-                if channel_floor is not None:
-                    reasons.append((channel_floor.op, 0))
-                _require(v, tight, op, reasons, False, v.presence((op.stage, op.microbatch)))
+            for op in v.device_ops(d, (kind,)):  # its own transfers only: the others are their devices'
+                _require(v, tight, op, _transfer_reasons(v, op, compute, floor), False,
+                         v.presence((op.stage, op.microbatch)))
     for op, before in follow_preds.items():
         reasons = v.data_preds(op) + before
         if op.kind is B and v.presence((op.stage, op.microbatch)) is not False:
@@ -83,6 +74,21 @@ def _compute_reasons(v: Variables, op: Op) -> Reasons:
     return reasons
 
 
+def _transfer_reasons(v: Variables, op: Op, compute: list[Op], floor: Reasons) -> Reasons:
+    """What a transfer waits for in the simulator, each a time it may start at: its data
+    (semantics.waits), its issue point (a compute op or recompute on its own device, or the
+    device's last fixed one), and its channel coming free: the transfer before it on the
+    channel of its host link, whatever device of the group that one was on (semantics.py,
+    "Shared host links"; its own device's previous transfer is one of them), or the channel's
+    last fixed transfer. Never another device's compute ops: they issue only their own."""
+    channel = v.link_ops(v.device_of[op.stage], op.kind)
+    reasons = _may_follow(v, op, compute) + floor + v.data_preds(op) + _may_follow(v, op, channel)
+    channel_floor = v.channel_floor.get((v.link[v.device_of[op.stage]], op.kind))
+    if channel_floor is not None:
+        reasons.append((channel_floor.op, 0))
+    return reasons
+
+
 def _may_follow(v: Variables, op: Op, others: list[Op]) -> Reasons:
     return [(other, 0) for other in others if other != op and _may_end_at(v, other, op)]
 
@@ -98,10 +104,18 @@ def _may_end_at(v: Variables, before: Op, op: Op) -> bool:
 
 def _require(v: Variables, tight: dict[Tight, cp_model.IntVar], op: Op, reasons: Reasons, zero: bool,
              present) -> None:
-    """``op`` starts at the end of one of ``reasons`` (or at 0 when ``zero``), if present."""
+    """``op`` starts at the end of one of ``reasons`` (or at 0 when ``zero``), if present.
+
+    One literal per ``Tight`` key, made once: a second one under the same key would be left out
+    of the hint (hint_tightness sets the literals it finds in ``tight``)."""
     literals = []
     start = v.start[op]
-    for pred, lag in dict.fromkeys(reasons):
+    lags: dict[Op, int] = {}
+    for pred, lag in reasons:  # a wait with a lag rules out starting right at the end
+        lags[pred] = max(lag, lags.get(pred, lag))
+    if any(Tight(op, pred) in tight for pred in lags) or Tight(op, None) in tight:
+        raise InternalError(f"CP-SAT tightness: {op} is required twice; its first literals would miss the hint")
+    for pred, lag in lags.items():
         pred_end = v.end_of(pred)
         if pred_end is None:
             continue

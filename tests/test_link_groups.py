@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from optpipe.core.errors import ProblemError
+from optpipe.core.errors import ProblemError, ScheduleError
 from optpipe.core.problem import Offload
 from optpipe.core.problem_file import dumps_problem, loads_problem
 from optpipe.core.schedule import Op, OpKind, Schedule
@@ -193,3 +193,123 @@ def test_cpsat_with_recompute_on_shared_links_is_the_simulators_schedule():
     assert timeline.makespan <= simulate(problem, hint).makespan
     assert result.lower_bound_ms <= timeline.makespan + TOLERANCE_MS
     _check_shared_channels(timeline)
+
+
+# ------------------------------------------------------------------ CP-SAT's optimum on shared links
+# Tightness once required a transfer to start at the end of something on every device of its link
+# group, which cut fitting schedules and made CP-SAT claim optima it had not reached.
+
+
+def _linked(p: int, m: int, groups, budget: int, k: float, *, f=2.0, b=3.0, w=2.0, keep=40):
+    return uniform_problem(p, m, act=100, keep=keep, budget=budget, f=f, b=b, w=w, p2p=0.5, name="linked",
+                           offload=Offload(True, 1e5 / k, 1e5 / k, 10**9, link_groups=groups))
+
+
+def _exact_cpsat(problem):
+    """CP-SAT's proven optimum, checked: the simulator times its schedule to the model's makespan."""
+    from optpipe.core.semantics import TOLERANCE_MS
+    from optpipe.solvers.cpsat import solve_cpsat
+    from optpipe.solvers.result import SolveStatus
+
+    result = solve_cpsat(problem, time_limit_s=20, workers=1, seed=0)
+    assert result.status is SolveStatus.OPTIMAL
+    timeline = simulate(problem, result.schedule)
+    assert timeline.fits and abs(timeline.makespan - result.objective_ms) <= TOLERANCE_MS
+    _check_shared_channels(timeline)
+    return result
+
+
+def test_cpsat_proves_the_linked_optimum_the_milp_finds():
+    """p = 4 in groups [0, 1], [2, 3], m = 4, F/B/W 2/3/2 ms, 100 MB activations (40 MB kept for W),
+    a 200 MB budget, 50 GB/s (2 ms a transfer): the MILP proves 47 ms (its bound 47, its schedule simulated at 47 ms);
+    CP-SAT claimed 51 ms optimal before."""
+    problem = _linked(4, 4, ((0, 1), (2, 3)), 200, 2.0)  # 100 B at 50 kB/s: 2 ms
+    result = _exact_cpsat(problem)
+    assert result.makespan_ms == pytest.approx(47.0)
+    assert result.lower_bound_ms == pytest.approx(47.0)
+    assert result.schedule.offloaded  # it needs the shared links to get there
+
+
+@pytest.mark.parametrize("p, m, groups, budget, k, optimum", [
+    (2, 3, ((0, 1),), 200, 0.5, 23.5),  # CP-SAT said 26 before
+    (3, 3, ((1, 2),), 200, 1.0, 29.0),  # 32 before
+    (4, 3, ((0, 1), (2, 3)), 250, 1.0, 35.0),  # 42 before
+])
+def test_cpsat_meets_the_milps_proven_optimum(p, m, groups, budget, k, optimum):
+    """Both exact models, proven optimal, agree: neither is above the other's proof."""
+    from optpipe.solvers.milp import solve_milp
+    from optpipe.solvers.result import SolveStatus
+
+    problem = _linked(p, m, groups, budget, k)
+    milp = solve_milp(problem, time_limit_s=30, seed=0)
+    assert milp.status is SolveStatus.OPTIMAL and milp.makespan_ms == pytest.approx(optimum)
+    cpsat = _exact_cpsat(problem)
+    assert cpsat.makespan_ms == pytest.approx(milp.makespan_ms)
+    assert cpsat.lower_bound_ms == pytest.approx(milp.lower_bound_ms)
+
+
+def _device_lists(stage: int, m: int, offloaded: set[int]):
+    """Every list one device (one stage) can run: F, B, W in microbatch order, as CP-SAT's and the
+    MILP's symmetry rule has them, each offloaded microbatch's OFF and REL anywhere between its F
+    and its B. Where transfers sit next to each other, OFFs come first: on two channels, with one
+    issue point, their order changes nothing."""
+    ops = [Op(kind, stage, i) for i in range(m) for kind in (F, B, W)]
+    ops += [Op(kind, stage, i) for i in sorted(offloaded) for kind in (OFF, REL)]
+
+    def waits_for(op):
+        i, kind = op.microbatch, op.kind
+        out = [Op(kind, stage, i - 1)] if kind in (F, B, W) and i > 0 else []
+        out += {F: [], B: [Op(F, stage, i)] + ([Op(REL, stage, i)] if i in offloaded else []),
+                W: [Op(B, stage, i)], OFF: [Op(F, stage, i)], REL: [Op(OFF, stage, i)]}[kind]
+        return out
+
+    def extend(prefix):
+        if len(prefix) == len(ops):
+            yield tuple(prefix)
+            return
+        for op in ops:
+            if op in prefix or any(before not in prefix for before in waits_for(op)):
+                continue
+            if op.kind is OFF and prefix and prefix[-1].kind is REL:
+                continue
+            yield from extend(prefix + [op])
+
+    return list(extend([]))
+
+
+def _brute_force(problem) -> float:
+    """The fastest fitting makespan over every per-device list and every offload choice, as the
+    simulator times them (one stage per device; lists that deadlock across devices left out)."""
+    import itertools
+
+    p, m = problem.pipeline.devices, problem.pipeline.microbatches
+    best = float("inf")
+    for mask in range(1 << (p * m)):
+        offloaded = [{i for i in range(m) if mask >> (s * m + i) & 1} for s in range(p)]
+        for rows in itertools.product(*(_device_lists(s, m, offloaded[s]) for s in range(p))):
+            try:
+                timeline = simulate(problem, Schedule.of("brute", rows))
+            except ScheduleError:  # the two lists wait on each other
+                continue
+            if timeline.fits:
+                best = min(best, timeline.makespan)
+    return best
+
+
+@pytest.mark.parametrize("f, b, w, budget, k", [(1.0, 2.0, 1.0, 150, 0.5), (2.0, 2.0, 1.0, 140, 1.0)])
+def test_cpsat_equals_a_brute_force_on_tiny_linked_problems(f, b, w, budget, k):
+    """Two devices on one link, two microbatches: 5041 schedules, each simulated."""
+    problem = _linked(2, 2, ((0, 1),), budget, k, f=f, b=b, w=w)
+    assert _exact_cpsat(problem).makespan_ms == pytest.approx(_brute_force(problem))
+
+
+def test_every_tightness_literal_is_keyed_for_the_hint():
+    """A transfer is made tight once, by its own device: no literal is made twice under one key,
+    where the first would miss the hint (hint_tightness sets what ``tight`` holds)."""
+    from optpipe.solvers.cpsat_model import Model, full_scope
+    from optpipe.solvers.timegrid import choose_grid
+
+    problem = _linked(4, 3, ((0, 1), (2, 3)), 250, 1.0)
+    model = Model(problem, choose_grid(problem, None), full_scope(problem), 200)
+    made = [n for n, var in enumerate(model.cp.Proto().variables) if var.name.startswith("t") and "<" in var.name]
+    assert made and sorted(literal.Index() for literal in model.tight.values()) == made
