@@ -158,19 +158,21 @@ def test_po_h_keeps_its_compute_timeline_on_shared_links():
 
 def test_cpsat_orders_a_shared_channel_as_the_simulator_does():
     """The full model serves a shared channel FIFO by ready time (semantics.py): its objective is
-    the simulated makespan and its optimum a proof. Ordering the channel freely instead found
-    only schedules that re-simulate over the budget here."""
+    the simulated makespan. Ordering the channel freely instead found only schedules that
+    re-simulate over the budget here. Its optimum is no proof on shared links (it misses fitting
+    schedules: tests/test_bound_proofs.py), so only the analytic bound is reported."""
     from optpipe.core.semantics import TOLERANCE_MS
+    from optpipe.solvers.bounds import makespan_lower_bound
     from optpipe.solvers.cpsat import solve_cpsat
     from optpipe.solvers.result import SolveStatus
 
     problem = uniform_problem(4, 4, act=100, keep=50, budget=250, name="fifo",
                               offload=Offload(True, 2e5, 2e5, 10**9, link_groups=((0, 1), (2, 3))))  # k = 0.5
     result = solve_cpsat(problem, time_limit_s=20, workers=1, seed=0)
-    assert result.status is SolveStatus.OPTIMAL and result.schedule.offloaded
+    assert result.status is SolveStatus.FEASIBLE and result.schedule.offloaded
     timeline = simulate(problem, result.schedule)
     assert timeline.fits and abs(timeline.makespan - result.objective_ms) <= TOLERANCE_MS
-    assert result.lower_bound_ms == pytest.approx(timeline.makespan)
+    assert result.lower_bound_ms == pytest.approx(makespan_lower_bound(problem).value)
     _check_shared_channels(timeline)
 
 
