@@ -68,19 +68,18 @@ class Grid:
 
     def up(self, ms: float) -> int:
         """Whole units, rounded up; a value within float noise of a whole unit is that unit."""
-        quotient = ms / self.resolution_ms
-        nearest = round(quotient)
-        if abs(quotient - nearest) <= TOLERANCE_MS * max(1.0, abs(quotient)):
-            return int(nearest)
-        return math.ceil(quotient)
+        return self._whole(ms, math.ceil)
 
     def down(self, ms: float) -> int:
         """Whole units, rounded down: for bounds that must not cut off a model solution."""
+        return self._whole(ms, math.floor)
+
+    def _whole(self, ms: float, rounding) -> int:
         quotient = ms / self.resolution_ms
         nearest = round(quotient)
         if abs(quotient - nearest) <= TOLERANCE_MS * max(1.0, abs(quotient)):
             return int(nearest)
-        return math.floor(quotient)
+        return rounding(quotient)
 
     def ms(self, units: float) -> float:
         return units * self.resolution_ms
