@@ -365,14 +365,9 @@ def _shared_paths(problem: Problem, ops, node_device, preds, duration) -> tuple[
         if channel is not None:
             free[channel] = finish
         done += 1
-        for nxt, lag in succs[k]:
-            t = finish + lag
-            if t > ready[nxt]:
-                ready[nxt] = t
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                r = ready[nxt]
-                heapq.heappush(heap, (instant(r), ready_key(r, node_device[nxt], position[nxt]), r, nxt))
+        for nxt in _release(succs[k], finish, ready, indegree):
+            r = ready[nxt]
+            heapq.heappush(heap, (instant(r), ready_key(r, node_device[nxt], position[nxt]), r, nxt))
     if done < count:
         raise ScheduleError(_describe_cycle(ops, node_device, preds, indegree))
     return start, end
@@ -383,23 +378,29 @@ def _longest_paths(ops, node_device, preds, duration) -> tuple[list[float], list
     succs, indegree = _successors(preds)
     start = [0.0] * count
     end = [0.0] * count
-    ready = deque(k for k in range(count) if indegree[k] == 0)
+    queue = deque(k for k in range(count) if indegree[k] == 0)
     done = 0
-    while ready:
-        k = ready.popleft()
+    while queue:
+        k = queue.popleft()
         done += 1
         finish = start[k] + duration[k]
         end[k] = finish
-        for nxt, lag in succs[k]:
-            t = finish + lag
-            if t > start[nxt]:
-                start[nxt] = t
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                ready.append(nxt)
+        queue.extend(_release(succs[k], finish, start, indegree))
     if done < count:
         raise ScheduleError(_describe_cycle(ops, node_device, preds, indegree))
     return start, end
+
+
+def _release(successors, finish: float, ready: list[float], indegree: list[int]):
+    """Pass an op's ``finish`` (plus each lag) on to its successors' ready times; yield those
+    for which it was the last wait."""
+    for nxt, lag in successors:
+        t = finish + lag
+        if t > ready[nxt]:
+            ready[nxt] = t
+        indegree[nxt] -= 1
+        if indegree[nxt] == 0:
+            yield nxt
 
 
 def _describe_cycle(ops, node_device, preds, indegree) -> str:
