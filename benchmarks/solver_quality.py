@@ -126,12 +126,13 @@ def _every_heuristic(problem: Problem) -> dict:
     return {e.name: (e.judged.makespan_ms if e.fits else None) for e in compare(problem) if e.applicable}
 
 
-def run_grid(time_limits: list[float], seed: int = 0, large: bool = False) -> list[dict]:
-    """The generated grid at each time limit: table, targets and JSON (results/solver_quality_grid.json)."""
+def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only: str = "") -> list[dict]:
+    """The generated grid at each time limit: table, targets and JSON (results/solver_quality_grid.json,
+    or solver_quality_grid_only.json for the problems whose names contain ``only``)."""
     from .problem_grid import grid
 
     rows = []
-    for problem in grid(seed, large):
+    for problem in (p for p in grid(seed, large) if only in p.name):
         heuristics = _every_heuristic(problem)
         for limit in time_limits:
             console.print(f"[dim]{problem.name}: solving for up to {limit:g} s ...[/]")
@@ -147,7 +148,8 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False) -> li
                       f"where the heuristic is >1% above the bound {cut} (target 50%), never worse than the best "
                       f"heuristic: "
                       f"{'yes' if t['never_worse_than_heuristic'] else 'NO'}")
-    save("solver_quality_grid", rows, time_limits_s=time_limits, seed=seed, summary=totals)
+    save("solver_quality_grid_only" if only else "solver_quality_grid", rows, time_limits_s=time_limits, seed=seed,
+         summary=totals, only=only or None)
     return rows
 
 
@@ -193,9 +195,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--time-limits", default="10,30,60", metavar="S,S,...",
                         help="with --grid: seconds per problem, one run each (default 10,30,60)")
     parser.add_argument("--large", action="store_true", help="with --grid: add the p = 32, m = 256 problem")
+    parser.add_argument("--only", default="", metavar="TEXT",
+                        help="with --grid: only the problems whose names contain TEXT (for example p8-v3)")
     args = parser.parse_args(argv)
     if args.grid:
-        run_grid([float(x) for x in args.time_limits.split(",") if x], args.seed, args.large)
+        run_grid([float(x) for x in args.time_limits.split(",") if x], args.seed, args.large, args.only)
     else:
         run(args.time_limit, args.seed)
 

@@ -12,11 +12,11 @@
    the baseline. When nothing fits, raise ``InfeasibleError`` with the smallest budget at which a
    schedule was found and the proven memory lower bound.
 
-A problem that may both offload and recompute (issue 14) first gets the pure strategy whose
-warm start is faster solved on its own (the problem without offload, or without recompute: a
-smaller model that CP-SAT searches well), and its answer joins the warm starts. The mix is hinted from the best of them
-and the recompute heuristics, and can only return something faster: the mix is never worse than
-a pure strategy given the same solver.
+A problem that may both offload and recompute (issue 14) first gets each pure strategy solved
+on its own until its search stalls (the problem without offload, and without recompute:
+smaller models that CP-SAT searches well; on the recompute benchmark each reaches its 20 s
+answer within 2 to 5 s), and their answers join the warm starts. The mix is then solved from
+the best of them for the rest, and can only return something faster.
 """
 
 from __future__ import annotations
@@ -60,12 +60,11 @@ _EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.5  # repair the plain heuristics first for 
 # the fastest fitting one is this much slower than the fastest (tight budgets; _early_repairs)
 _MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
-# With both offload and recompute, the share of the time left for the more promising pure
-# strategy, solved before the mix (issue 14); the other's heuristics are warm starts as they are.
-_PURE_SHARES = (0.35,)
-_PURE_ALONE = (0.7,)  # ... or this much when no mixed heuristic is faster than the pure ones
+# With both offload and recompute, each pure strategy is solved before the mix (issue 14) for at
+# most this share of the time left, and stops once this share passes with nothing better (at least
+# _MIN_STALL_S): on the recompute benchmark each reaches its 20 s answer in 2 to 5 s.
+_PURE_SHARE, _PURE_STALL, _MIN_STALL_S = 0.35, 0.15, 1.0
 _SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solved on a rounded grid
-_MIXED_SHARE = 0.4  # ... then of the rest, for the mix from the best mixed heuristic (_mixed_start)
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,6 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
                                         deadline=repair_until)
     if _mixes(problem, solver):
         candidates += _pure_strategies(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
-        candidates += _mixed_start(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
     start = fastest_fitting(candidates)
     if start is not None:
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))
@@ -236,14 +234,18 @@ def _heuristic(problem: Problem, solver: str, entries: list[Entry], baseline: Ju
 
 
 def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: float, seed: int,
-         workers: int | None, on_progress, bound: Bound, candidates: list[Judged] = ()) -> SolveResult | None:
+         workers: int | None, on_progress, bound: Bound, candidates: list[Judged] = (),
+         stall_s: float | None = None) -> SolveResult | None:
+    """The chosen solver from ``start``; ``stall_s`` ends a whole-problem CP-SAT solve early when it
+    finds nothing better for that long."""
     hint = start.schedule if start is not None else None
     if solver == "cpsat":
         if exact_model_fits(problem) or start is None:
             from .cpsat import solve_cpsat  # lazy: loads OR-Tools, which compile without cpsat does not need
 
             return solve_cpsat(problem, time_limit_s=time_limit_s, hint=hint, seed=seed, workers=workers,
-                               on_progress=on_progress, resolution_ms=_search_resolution(problem, solver))
+                               on_progress=on_progress, resolution_ms=_search_resolution(problem, solver),
+                               stall_s=stall_s)
         from .lns import improve  # lazy: loads OR-Tools
 
         began = time.monotonic()
@@ -273,64 +275,35 @@ def _search_resolution(problem: Problem, solver: str) -> float | None:
 
 def _pure_strategies(problem: Problem, solver: str, candidates: list[Judged], end: float, seed: int,
                      workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Judged]:
-    """The solver's answer on the problem without offload or on the problem without recompute
-    (whichever has the faster warm start; one per share of _PURE_SHARES), from the best candidate
-    that uses only that strategy, as candidates of the whole problem (a schedule with no
-    transfers, or no recompute, simulates the same on either)."""
+    """The solver's answers on the problem without offload and on the problem without recompute,
+    each until it stalls (_PURE_STALL) or _PURE_SHARE of the time left has passed, from the best
+    candidate that uses only that strategy,
+    as candidates of the whole problem (a schedule with no transfers, or no recompute, simulates
+    the same on either). The strategy whose warm start is faster goes first."""
     pure = {"recompute-only": (problem.without_offload(), lambda c: not c.schedule.offloaded),
             "offload-only": (problem.without_recompute(), lambda c: not c.schedule.recomputed)}
     starts = {name: fastest_fitting([c for c in candidates if usable(c)]) for name, (_, usable) in pure.items()}
-    # the strategy whose warm start is faster is likelier to win: it is solved first, for longer
-    order = sorted(pure, key=lambda name: starts[name].timeline.makespan if starts[name] else float("inf"))
-    # When no heuristic that both offloads and recomputes beats the pure ones, the link hides little:
-    # the pure strategy is likely the answer and gets most of the time.
-    mixed = fastest_fitting([c for c in candidates if c.schedule.offloaded and c.schedule.recomputed])
-    pure_best = min((c.timeline.makespan for c in starts.values() if c is not None), default=float("inf"))
-    shares = _PURE_SHARES if mixed is not None and mixed.timeline.makespan < pure_best - _EPS else _PURE_ALONE
-    out = []
-    for name, share in zip(order, shares):
-        left = end - time.monotonic()
-        if left <= _MIN_REPAIR_S:
-            break
+    share = _PURE_SHARE * (end - time.monotonic())
+    stall = max(_MIN_STALL_S, _PURE_STALL * (end - time.monotonic()))
+    out: list[Judged] = []
+    for name in sorted(pure, key=lambda name: starts[name].timeline.makespan if starts[name] else float("inf")):
         sub, usable = pure[name]
         start = starts[name]
-        if start is None or start.timeline.makespan <= bound.value + _EPS:
+        if start is None or end - time.monotonic() <= _MIN_REPAIR_S or start.timeline.makespan <= bound.value + _EPS:
             continue
-        relay = lambda p: report(replace(p, bound_ms=bound.value, message=f"{name}: {p.message}"))  # noqa: E731
+        relay = lambda p, name=name: report(replace(p, bound_ms=bound.value, message=f"{name}: {p.message}"))  # noqa: E731
         own = [c for c in candidates if usable(c)]
-        result = _verified(sub, solver, [], lambda: _run(sub, solver, start, share * left, seed, workers, relay,
-                                                         makespan_lower_bound(sub), own))
+        result = _verified(sub, solver, [], lambda: _run(sub, solver, start, min(share, end - time.monotonic()), seed,
+                                                         workers, relay, makespan_lower_bound(sub), own, stall))
         if result is None or result.schedule is None:
             continue
         label = f"{solver}/{name}"
-        answer = Judged(label, result.schedule.renamed(label), simulate(problem, result.schedule))
         if name == "recompute-only":  # recompute only what the link cannot hide
             traded = trade_for_offloads(problem, result.schedule, deadline=end)
             if traded is not result.schedule:  # no slower, less compute: listed first, it wins a tie
                 out.append(Judged(label + "+offload", traded.renamed(label + "+offload"), simulate(problem, traded)))
-        out.append(answer)
+        out.append(Judged(label, result.schedule.renamed(label), simulate(problem, result.schedule)))
     return out
-
-
-def _mixed_start(problem: Problem, solver: str, candidates: list[Judged], end: float, seed: int,
-                 workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Judged]:
-    """The mix solved for a share of the time from the best candidate that both offloads and
-    recomputes, when that is not the best candidate overall: the search from a pure strategy's
-    answer and the one from a mixed heuristic (1F1B-capped-RC/OFF, PO-H-RC) find different
-    schedules, and the better of the two is where the last solve starts."""
-    best = fastest_fitting(candidates)
-    mixed = fastest_fitting([c for c in candidates if c.schedule.offloaded and c.schedule.recomputed
-                            and not c.name.startswith(f"{solver}/")])  # a heuristic, not a pure answer traded
-    left = end - time.monotonic()
-    if mixed is None or mixed is best or left <= _MIN_REPAIR_S or mixed.timeline.makespan <= bound.value + _EPS:
-        return []
-    relay = lambda p: report(replace(p, bound_ms=bound.value, message=f"mixed start: {p.message}"))  # noqa: E731
-    result = _verified(problem, solver, [], lambda: _run(problem, solver, mixed, _MIXED_SHARE * left, seed, workers,
-                                                         relay, bound, candidates))
-    if result is None or result.schedule is None:
-        return []
-    label = f"{solver}/mix-from-{mixed.name}"
-    return [Judged(label, result.schedule.renamed(label), result.timeline)]
 
 
 def _restarts(start: Judged, candidates: list[Judged]) -> list[Schedule]:

@@ -16,6 +16,7 @@ the two ever disagree.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Callable
 
@@ -45,8 +46,10 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         super().__init__()
         self.grid, self.began, self.on_progress = grid, began, on_progress
         self.floor, self.proves = floor_ms, proves
+        self.last: float | None = None  # when the latest solution came (monotonic s)
 
     def on_solution_callback(self) -> None:
+        self.last = time.monotonic()
         if self.on_progress is None:
             return
         bound = self.floor
@@ -57,12 +60,13 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 
 
 def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | None,
-                callback: cp_model.CpSolverSolutionCallback | None = None,
-                light_presolve: bool = False, deterministic_s: float | None = None) -> tuple[cp_model.CpSolver, int]:
+                callback: _Progress | None = None, light_presolve: bool = False,
+                deterministic_s: float | None = None, stall_s: float | None = None) -> tuple[cp_model.CpSolver, int]:
     """Solve; ``light_presolve`` skips probing, which on window models costs seconds and buys nothing.
 
     ``deterministic_s`` also stops the search after that much of CP-SAT's deterministic time:
     with one worker and a fixed seed the answer is then the same on any machine, loaded or not.
+    ``stall_s`` stops it once that long has passed since the latest solution (needs ``callback``).
     """
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
@@ -72,19 +76,34 @@ def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | 
     solver.parameters.random_seed = seed
     if light_presolve:
         solver.parameters.cp_model_probing_level = 0
-    code = solver.solve(model.cp, callback)
+    done = threading.Event()
+    if stall_s is not None and callback is not None:
+        threading.Thread(target=_stop_when_stalled, args=(solver, callback, stall_s, done), daemon=True).start()
+    try:
+        code = solver.solve(model.cp, callback)
+    finally:
+        done.set()
     if code == cp_model.MODEL_INVALID:
         raise InternalError(f"the CP-SAT model is invalid ({model.cp.validate()})")
     return solver, code
 
 
+def _stop_when_stalled(solver: cp_model.CpSolver, callback: _Progress, stall_s: float, done: threading.Event) -> None:
+    """Stop ``solver`` when no new solution has come for ``stall_s`` since the first one."""
+    while not done.wait(min(0.05, stall_s / 4)):
+        if callback.last is not None and time.monotonic() - callback.last > stall_s:
+            solver.stop_search()
+            return
+
+
 def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule | None = None,
                 seed: int = 0, workers: int | None = None, resolution_ms: float | None = None,
-                on_progress: Callable[[Progress], None] | None = None) -> SolveResult:
+                on_progress: Callable[[Progress], None] | None = None, stall_s: float | None = None) -> SolveResult:
     """Minimise the makespan over the whole problem; returns what the simulator says of the result.
 
     A fitting hint (the best fitting heuristic, usually) is given to CP-SAT complete and bounds
-    the horizon, so the search only looks at schedules at least as fast.
+    the horizon, so the search only looks at schedules at least as fast. ``stall_s`` ends the
+    search early once that long passes without a better solution.
     """
     began = time.monotonic()
     # data
@@ -107,7 +126,7 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     # Probing pays for proofs; a rounded grid proves nothing, and its long horizons make probing
     # take seconds before the first solution (even a complete hint's).
     solver, code = solve_model(model, time_limit_s=time_limit_s - (time.monotonic() - began), seed=seed,
-                               workers=workers, callback=callback, light_presolve=not proves)
+                               workers=workers, callback=callback, light_presolve=not proves, stall_s=stall_s)
     elapsed = time.monotonic() - began
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         proven_empty = code == cp_model.INFEASIBLE and hinted is None and proves

@@ -180,3 +180,19 @@ def test_the_milp_proves_the_same_optimum_with_offload():
     assert milp.makespan_ms == pytest.approx(cpsat.makespan_ms)
     assert milp.lower_bound_ms == pytest.approx(27.0, rel=1e-3)
     assert milp.timeline.fits
+
+
+def test_a_stalled_search_stops_long_before_its_time_limit():
+    """``stall_s`` ends the search once nothing better has come for that long (compile gives the
+    pure strategies of a mix this, issue 14). A rounded grid proves nothing, so without it the
+    search would run for the whole minute."""
+    from benchmarks.recompute import _problem
+    from optpipe.solvers.compile import _search_resolution
+
+    problem = _problem(2.0, 2.5)
+    resolution = _search_resolution(problem, "cpsat")
+    assert resolution is not None and not choose_grid(problem, resolution).exact
+    result = solve_cpsat(problem, time_limit_s=60.0, hint=_start(problem), workers=2, seed=1, stall_s=0.5,
+                         resolution_ms=resolution)
+    assert result.schedule is not None and simulate(problem, result.schedule).fits
+    assert result.solve_time_s < 30.0
