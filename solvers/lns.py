@@ -334,7 +334,11 @@ class _Context:
     def search(self, state: _State, deadline: float, windows: list[int] | None) -> _State:
         """Solve neighbourhoods of ``state`` until ``deadline`` (or the window count runs out)."""
         problem, grid = self.problem, self.grid
-        while (left := deadline - time.monotonic()) > 0.05 and (windows is None or windows[0] > 0):
+        # What a window costs besides its solve (scope, model, splice, simulate; about a second each at
+        # p = 32, m = 256): no window starts, and no solve runs, into the time that needs at the end.
+        overhead = 0.0
+        while (left := deadline - time.monotonic() - overhead) > 0.05 and (windows is None or windows[0] > 0):
+            iteration = time.monotonic()
             if self.bound_ms is not None and state.timeline.makespan <= self.bound_ms + _EPS:
                 break  # meets the lower bound: nothing left to gain
             if windows is not None:
@@ -351,9 +355,14 @@ class _Context:
             model = Model(problem, grid, scope, grid.up(state.timeline.makespan) + 1)
             model.hint(inside, scope.offloaded | (scope.open_pairs & _offloaded(state.timeline)))
             limit = self.window_limit_s * (1 if hood.kind in ("sweep", "idle", "random") else 2)
+            left = deadline - time.monotonic() - overhead
+            if left <= 0.05:
+                break
+            solved_at = time.monotonic()
             solver, code = solve_model(model, time_limit_s=min(limit if not self.deterministic else 10 * limit, left),
                                        seed=self.rng.randrange(1 << 30), workers=self.workers, light_presolve=True,
                                        deterministic_s=limit if self.deterministic else None)
+            solve_s = time.monotonic() - solved_at
             gained = False
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 candidate = _splice(problem, state.timeline, scope, frozenset(model.start), model.values(solver),
@@ -373,6 +382,7 @@ class _Context:
             else:
                 state.retries.clear()
             self._report(state, hood.describe())
+            overhead = max(overhead, time.monotonic() - iteration - solve_s)
         return state
 
 
