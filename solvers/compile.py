@@ -286,9 +286,9 @@ def _pure_strategies(problem: Problem, solver: str, candidates: list[Judged], en
                      workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Judged]:
     """The solver's answers on the problem without offload and on the problem without recompute,
     each until it stalls (_PURE_STALL) or _PURE_SHARE of the time left has passed, from the best
-    candidate that uses only that strategy,
-    as candidates of the whole problem (a schedule with no transfers, or no recompute, simulates
-    the same on either). The strategy whose warm start is faster goes first."""
+    candidate that uses only that strategy, as candidates of the whole problem (a schedule with no
+    transfers, or no recompute, simulates the same on either). The strategy whose warm start is
+    faster goes first."""
     pure = {"recompute-only": (problem.without_offload(), lambda c: not c.schedule.offloaded),
             "offload-only": (problem.without_recompute(), lambda c: not c.schedule.recomputed)}
     starts = {name: fastest_fitting([c for c in candidates if usable(c)]) for name, (_, usable) in pure.items()}
