@@ -15,8 +15,11 @@
 A problem that may both offload and recompute (issue 14) first gets each pure strategy solved
 on its own until its search stalls (the problem without offload, and without recompute:
 smaller models that CP-SAT searches well; on the recompute benchmark each reaches its 20 s
-answer within 2 to 5 s), and their answers join the warm starts. The mix is then solved from
-the best of them for the rest, and can only return something faster.
+answer within 2 to 5 s), and their answers join the warm starts. What is left are the schedules
+that both offload and recompute: when the whole problem fits the exact model, CP-SAT searches
+only those for the rest of the time, from a mixed first solution (from a pure answer it rarely
+leaves that answer's neighbourhood). The fastest of everything is returned, so the split costs
+nothing, and the mix search's own bound, which says nothing of pure schedules, is not reported.
 """
 
 from __future__ import annotations
@@ -40,8 +43,7 @@ from .compare import Entry, applicable, best_fitting, compare
 from .milp import solve_milp
 from .registry import get_generator
 from .result import Judged, Progress, SolveResult, SolveStatus, fastest_fitting, gap
-from .timegrid import choose_grid
-from .recompute import trade_for_offloads
+from .recompute import mixed_neighbour, trade_for_offloads
 from .repair import repair_candidates
 from .warmstart import warm_starts
 
@@ -64,7 +66,6 @@ _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two m
 # most this share of the time left, and stops once this share passes with nothing better (at least
 # _MIN_STALL_S): on the recompute benchmark each reaches its 20 s answer in 2 to 5 s.
 _PURE_SHARE, _PURE_STALL, _MIN_STALL_S = 0.35, 0.15, 1.0
-_SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solved on a rounded grid
 
 
 @dataclass(frozen=True)
@@ -146,18 +147,24 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
         plain = {e.name for e in entries} if early else set()  # repaired already
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
                                         deadline=repair_until)
+    both_solved = False
     if _mixes(problem, solver):
-        candidates += _pure_strategies(problem, solver, candidates, began + time_limit_s, seed, workers, report, bound)
+        pure, both_solved = _pure_strategies(problem, solver, candidates, end, seed, workers, report, bound)
+        candidates += pure
     start = fastest_fitting(candidates)
     if start is not None:
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))
+    # With both pure strategies solved, only the mixes are left to search: CP-SAT from a pure
+    # answer rarely leaves it, so the mixes get a search of their own from a mixed first solution.
+    mixes_only = both_solved and start is not None and exact_model_fits(problem)
+    hint = _mixed_hint(problem, candidates, start, end) if mixes_only else start
     # The answer is re-simulated after the solver returns (_verified): about 0.4 s at p = 32, m = 256.
     reserve = _simulate_s(problem, start) if start is not None else 0.0
     left = max(0.0, time_limit_s - (time.monotonic() - began) - reserve)
     meets_bound = start is not None and start.timeline.makespan <= bound.value + _EPS
     warnings: list[str] = []
     result = None if meets_bound else _verified(problem, solver, warnings, lambda: _run(
-        problem, solver, start, left, seed, workers, on_progress, bound, candidates))
+        problem, solver, hint, left, seed, workers, on_progress, bound, candidates, mixes_only=mixes_only))
     elapsed = time.monotonic() - began
     chosen = _better(result, start)
     if chosen is None:
@@ -244,17 +251,18 @@ def _heuristic(problem: Problem, solver: str, entries: list[Entry], baseline: Ju
 
 def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: float, seed: int,
          workers: int | None, on_progress, bound: Bound, candidates: list[Judged] = (),
-         stall_s: float | None = None) -> SolveResult | None:
+         stall_s: float | None = None, mixes_only: bool = False) -> SolveResult | None:
     """The chosen solver from ``start``; ``stall_s`` ends a whole-problem CP-SAT solve early when it
-    finds nothing better for that long."""
+    finds nothing better for that long; ``mixes_only`` has it search only schedules that both
+    offload and recompute."""
     hint = start.schedule if start is not None else None
     if solver == "cpsat":
         if exact_model_fits(problem) or start is None:
             from .cpsat import solve_cpsat  # lazy: loads OR-Tools, which compile without cpsat does not need
 
             return solve_cpsat(problem, time_limit_s=time_limit_s, hint=hint, seed=seed, workers=workers,
-                               on_progress=on_progress, resolution_ms=_search_resolution(problem, solver),
-                               stall_s=stall_s)
+                               on_progress=on_progress,
+                               stall_s=stall_s, mixes_only=mixes_only)
         from .lns import improve  # lazy: loads OR-Tools
 
         began = time.monotonic()
@@ -271,30 +279,20 @@ def _mixes(problem: Problem, solver: str) -> bool:
     return solver == "cpsat" and problem.offload.enabled and problem.recompute.enabled
 
 
-def _search_resolution(problem: Problem, solver: str) -> float | None:
-    """A mix's model on a rounded grid when the exact one is very fine: transfers of odd byte
-    counts make the exact unit ~1e-7 ms, and CP-SAT then spends seconds in presolve before its
-    first solution, which the mix's several solves cannot afford. The rounded grid is safe
-    (timegrid.py; its padding stays under SLACK_SHARE of the bound) and proves nothing."""
-    if not _mixes(problem, solver):
-        return None
-    grid = choose_grid(problem, max_units=_SEARCH_UNITS)
-    return None if grid.exact else grid.resolution_ms
-
-
 def _pure_strategies(problem: Problem, solver: str, candidates: list[Judged], end: float, seed: int,
-                     workers: int, report: Callable[[Progress], None], bound: Bound) -> list[Judged]:
+                     workers: int, report: Callable[[Progress], None], bound: Bound) -> tuple[list[Judged], bool]:
     """The solver's answers on the problem without offload and on the problem without recompute,
     each until it stalls (_PURE_STALL) or _PURE_SHARE of the time left has passed, from the best
     candidate that uses only that strategy, as candidates of the whole problem (a schedule with no
-    transfers, or no recompute, simulates the same on either). The strategy whose warm start is
-    faster goes first."""
+    transfers, or no recompute, simulates the same on either), and whether both were solved. The
+    strategy whose warm start is faster goes first."""
     pure = {"recompute-only": (problem.without_offload(), lambda c: not c.schedule.offloaded),
             "offload-only": (problem.without_recompute(), lambda c: not c.schedule.recomputed)}
     starts = {name: fastest_fitting([c for c in candidates if usable(c)]) for name, (_, usable) in pure.items()}
     share = _PURE_SHARE * (end - time.monotonic())
     stall = max(_MIN_STALL_S, _PURE_STALL * (end - time.monotonic()))
     out: list[Judged] = []
+    solved = 0
     for name in sorted(pure, key=lambda name: starts[name].timeline.makespan if starts[name] else float("inf")):
         sub, usable = pure[name]
         start = starts[name]
@@ -306,13 +304,25 @@ def _pure_strategies(problem: Problem, solver: str, candidates: list[Judged], en
                                                          workers, relay, makespan_lower_bound(sub), own, stall))
         if result is None or result.schedule is None:
             continue
+        solved += 1
         label = f"{solver}/{name}"
         if name == "recompute-only":  # recompute only what the link cannot hide
             traded = trade_for_offloads(problem, result.schedule, deadline=end)
             if traded is not result.schedule:  # no slower, less compute: listed first, it wins a tie
                 out.append(Judged(label + "+offload", traded.renamed(label + "+offload"), simulate(problem, traded)))
         out.append(Judged(label, result.schedule.renamed(label), simulate(problem, result.schedule)))
-    return out
+    return out, solved == len(pure)
+
+
+def _mixed_hint(problem: Problem, candidates: list[Judged], start: Judged, end: float) -> Judged:
+    """The first solution of the search among mixes: the fastest fitting candidate that offloads
+    and recomputes, or ``start`` with one choice changed to make it so (recompute.mixed_neighbour),
+    whichever is faster; ``start`` itself when neither fits (CP-SAT then repairs it)."""
+    mixed = [c for c in candidates if c.fits and c.schedule.offloaded and c.schedule.recomputed]
+    neighbour = mixed_neighbour(problem, start.schedule, deadline=end)
+    if neighbour is not None:
+        mixed.append(Judged(start.name + "+mixed", neighbour.renamed(start.name + "+mixed"), simulate(problem, neighbour)))
+    return fastest_fitting(mixed) or start
 
 
 def _restarts(start: Judged, candidates: list[Judged]) -> list[Schedule]:

@@ -98,12 +98,15 @@ def _stop_when_stalled(solver: cp_model.CpSolver, callback: _Progress, stall_s: 
 
 def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule | None = None,
                 seed: int = 0, workers: int | None = None, resolution_ms: float | None = None,
-                on_progress: Callable[[Progress], None] | None = None, stall_s: float | None = None) -> SolveResult:
+                on_progress: Callable[[Progress], None] | None = None, stall_s: float | None = None,
+                mixes_only: bool = False) -> SolveResult:
     """Minimise the makespan over the whole problem; returns what the simulator says of the result.
 
     A fitting hint (the best fitting heuristic, usually) is given to CP-SAT complete and bounds
     the horizon, so the search only looks at schedules at least as fast. ``stall_s`` ends the
-    search early once that long passes without a better solution.
+    search early once that long passes without a better solution. ``mixes_only`` searches only
+    schedules that both offload and recompute (Model.require_both); its bound proves nothing
+    about the others, so none is reported.
     """
     began = time.monotonic()
     # data
@@ -120,7 +123,9 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     model = Model(problem, grid, full_scope(problem), horizon, lower)
     if values is not None:
         model.hint(*values)
-    proves = grid.exact and model.memory_exact
+    if mixes_only:
+        model.require_both()
+    proves = grid.exact and model.memory_exact and not mixes_only
     # solve
     callback = _Progress(grid, began, on_progress, analytic, proves)
     # Probing pays for proofs; a rounded grid proves nothing, and its long horizons make probing

@@ -170,6 +170,13 @@ class Model(Variables):
             self.device_end.append(end)
         self.cp.minimize((self.P + 1) * self.makespan + sum(self.device_end))
 
+    def require_both(self) -> None:
+        """Only schedules that offload one pair and recompute another: compile searches the mixes
+        on their own once each pure strategy is solved, as from a pure answer CP-SAT rarely
+        leaves it (issue 14). The model's bound is then a mix's only."""
+        self.cp.add(sum(self.offloaded.values()) >= 1)
+        self.cp.add(sum(self.recomputed.values()) >= 1)
+
     # ------------------------------------------------------------- hints
 
     def hint(self, starts: Mapping[Op, int], offloaded: frozenset[Pair]) -> None:

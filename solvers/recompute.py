@@ -9,6 +9,8 @@ held, and right before B nothing can run between them. Pairs already offloaded a
 the simulator says that is faster within the budget: "recompute only what the link cannot hide".
 ``flip_decisions`` is the window search's move on the choices themselves (lns.py): one pair at a
 time kept, offloaded or recomputed instead, kept when the simulator says no worse and fits.
+``mixed_neighbour`` is one such change that makes a pure schedule use both ways of freeing
+memory: the first solution of compile's search among mixes (compile.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from optpipe.core.simulate import simulate, try_simulate
 
 from .offload_slots import activation_windows, add_offloads, round_trip_ms
 
-__all__ = ["add_recomputes", "require_recompute", "trade_for_offloads", "flip_decisions"]
+__all__ = ["add_recomputes", "require_recompute", "trade_for_offloads", "flip_decisions", "mixed_neighbour"]
 
 _B, _BW, _RC = OpKind.B, OpKind.BW, OpKind.RECOMPUTE
 
@@ -125,3 +127,32 @@ def flip_decisions(problem: Problem, schedule: Schedule, *, deadline: float, rng
                     schedule, best, best_score, changed = trial, timeline, new_score, True
                     break
     return schedule, best
+
+
+def mixed_neighbour(problem: Problem, schedule: Schedule, *, deadline: float | None = None) -> Schedule | None:
+    """The fastest fitting schedule one pair's choice away from ``schedule`` that offloads some
+    pair and recomputes another (``schedule`` itself when it does both already); None when no
+    such change fits or both are not enabled. Tries every pair until ``deadline`` (monotonic s)."""
+    if not (problem.offload.enabled and problem.recompute.enabled):
+        return None
+    if schedule.offloaded and schedule.recomputed:
+        return schedule
+    best: tuple[float, Schedule] | None = None
+    for stage in range(problem.stages):
+        for microbatch in range(problem.microbatches):
+            if deadline is not None and time.monotonic() > deadline:
+                return best[1] if best else None
+            pair = (stage, microbatch)
+            kept = _without(schedule, pair)
+            if schedule.offloaded and pair not in schedule.offloaded:
+                trial = add_recomputes(problem, kept, [pair])
+            elif schedule.recomputed and pair not in schedule.recomputed:
+                trial = add_offloads(problem, kept, [pair])
+            else:  # keeps everything: one change cannot make it use both
+                continue
+            if not (trial.offloaded and trial.recomputed):
+                continue
+            timeline = try_simulate(problem, trial)
+            if timeline is not None and timeline.fits and (best is None or timeline.makespan < best[0]):
+                best = (timeline.makespan, trial)
+    return best[1] if best else None

@@ -13,6 +13,7 @@ from optpipe.core.problem_file import dumps_problem, loads_problem
 from optpipe.core.schedule import Op, OpKind, Schedule, parse_op
 from optpipe.core.simulate import simulate
 from optpipe.solvers.registry import generate
+from optpipe.solvers.result import SolveStatus
 
 F, B, W, BW, OFF, REL, RC = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD,
                              OpKind.RECOMPUTE)
@@ -290,9 +291,7 @@ def test_capped_recompute_offload_trades_recomputes_the_link_hides():
 def test_the_mix_is_never_slower_than_the_pure_strategies_it_solves_first():
     from optpipe.solvers.compile import compile_problem
 
-    problem = replace(uniform_problem(4, 6, act=100, keep=50, budget=150, f=1, b=1, w=1,
-                                      offload=Offload(True, 5e4, 5e4, 10**6)),  # k = 2: 4 ms a round trip
-                      recompute=Recompute(True, (1.0,) * 4, (10,) * 4))
+    problem = _link_problem()
     seen = []
     result = compile_problem(problem, time_limit_s=4, workers=1, on_progress=seen.append)
     pure = {name: [p.incumbent_ms for p in seen if p.message.startswith(name + ":") and p.incumbent_ms]
@@ -301,6 +300,43 @@ def test_the_mix_is_never_slower_than_the_pure_strategies_it_solves_first():
     assert result.judged.fits
     assert result.makespan_ms <= min(min(v) for v in pure.values() if v) + 1e-9
     assert all(p.bound_ms <= result.makespan_ms + 1e-9 for p in seen)  # the whole problem's bound, not a pure one's
+
+
+def _link_problem(budget=150):
+    """p = 4, m = 6, k = 2 (4 ms a round trip), room for one and a half activations."""
+    return replace(uniform_problem(4, 6, act=100, keep=50, budget=budget, f=1, b=1, w=1,
+                                   offload=Offload(True, 5e4, 5e4, 10**6)),
+                   recompute=Recompute(True, (1.0,) * 4, (10,) * 4))
+
+
+def test_a_mixed_neighbour_offloads_one_pair_of_a_recompute_only_schedule():
+    from optpipe.solvers.recompute import mixed_neighbour
+
+    problem = _link_problem(budget=250)  # an offload holds the whole activation while it leaves
+    recomputing = generate("1F1B-capped-RC", problem)
+    assert recomputing.recomputed and not recomputing.offloaded
+    neighbour = mixed_neighbour(problem, recomputing)
+    assert neighbour is not None and len(neighbour.offloaded) == 1 and neighbour.recomputed
+    assert len(neighbour.offloaded | neighbour.recomputed) == len(recomputing.recomputed | neighbour.offloaded)
+    assert simulate(problem, neighbour).fits
+    assert mixed_neighbour(problem, neighbour) is neighbour  # mixed already
+    assert mixed_neighbour(problem, generate("1F1B-capped", problem)) is None  # keeps all: two changes away
+    assert mixed_neighbour(problem.without_offload(), recomputing) is None
+
+
+def test_a_search_among_mixes_returns_a_mix_and_claims_no_bound_of_its_own():
+    """Pure schedules are outside the search, so its own bound proves nothing about the problem."""
+    from optpipe.solvers.bounds import makespan_lower_bound
+    from optpipe.solvers.cpsat import solve_cpsat
+    from optpipe.solvers.recompute import mixed_neighbour
+
+    problem = _link_problem(budget=250)
+    hint = mixed_neighbour(problem, generate("1F1B-capped-RC", problem))
+    result = solve_cpsat(problem, time_limit_s=10, hint=hint, workers=2, seed=0, mixes_only=True)
+    assert result.schedule.offloaded and result.schedule.recomputed and result.timeline.fits
+    assert result.makespan_ms <= simulate(problem, hint).makespan + 1e-9
+    assert result.status is not SolveStatus.OPTIMAL
+    assert result.lower_bound_ms == pytest.approx(makespan_lower_bound(problem).value)
 
 
 def test_the_window_search_decides_recompute_too():
