@@ -20,6 +20,7 @@ the JSON, so that a difference the table shows is one the solver makes, not the 
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
 from rich.table import Table
@@ -63,11 +64,11 @@ def _compile(problem, time_limit_s):
     return {**runs[len(runs) // 2], "runs_ms": [run["makespan_ms"] for run in runs]}
 
 
-def run(time_limit_s: float = TIME_LIMIT_S) -> list[dict]:
+def run(time_limit_s: float = TIME_LIMIT_S, budgets: tuple[float, ...] = BUDGETS, ks: tuple[float, ...] = KS) -> list[dict]:
     rows = []
-    for activations in BUDGETS:
+    for activations in budgets:
         fixed = {}
-        for k in KS:
+        for k in ks:
             problem = _problem(k, activations)
             if not fixed:  # keep-only and recompute-only do not use the link
                 fixed["keep"] = _compile(problem.without_offload().without_recompute(), time_limit_s)
@@ -94,9 +95,23 @@ def run(time_limit_s: float = TIME_LIMIT_S) -> list[dict]:
         table.add_row(f"{r['budget_activations']:g} act", f"{r['k']:g}", cell(r["keep"]), cell(r["offload"]),
                       cell(r["recompute"]), mix, f"{r['mix']['lower_bound_ms']:.1f}" if r["mix"] else "-")
     console.print(table)
-    save("recompute", rows, time_limit_s=time_limit_s, runs=RUNS)
+    whole = time_limit_s == TIME_LIMIT_S and budgets == BUDGETS and ks == KS
+    save("recompute" if whole else "recompute_part", rows, time_limit_s=time_limit_s, runs=RUNS)
     return rows
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.recompute", description=__doc__.split("\n")[0])
+    parser.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, metavar="S",
+                        help=f"seconds per compile (default {TIME_LIMIT_S:g}; compile's own default is 60)")
+    parser.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS), metavar="A,A",
+                        help="budgets in activations (default %(default)s)")
+    parser.add_argument("--ks", default=",".join(f"{k:g}" for k in KS), metavar="K,K",
+                        help="offload ratios (default %(default)s)")
+    args = parser.parse_args(argv)
+    floats = lambda text: tuple(float(x) for x in text.split(",") if x)  # noqa: E731
+    run(args.time_limit, floats(args.budgets), floats(args.ks))  # a part of the table saves to recompute_part.json
+
+
 if __name__ == "__main__":
-    run()
+    main()
