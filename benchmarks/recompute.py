@@ -16,6 +16,12 @@ device, so a mix gains little over recompute-only there.)
 CP-SAT on two workers is not repeatable to the millisecond: the same compile varies by a few
 percent from run to run. Each cell is the median of RUNS compiles, with every run's makespan in
 the JSON, so that a difference the table shows is one the solver makes, not the noise.
+
+20 s a compile keeps the whole table near 13 minutes; compile's own default is 60 s, and
+``--time-limit 60 --budgets 2.5,3 --ks 2,3`` runs the rows where the link is slow at it (about
+36 minutes, saved to recompute_part.json). The mix's search is the one that gains from the
+longer limit: at 2.5 activations, k = 3, it finds its 585 ms in some 20 s runs and in every 60 s
+run so far.
 """
 
 from __future__ import annotations

@@ -286,8 +286,8 @@ def _mixes(problem: Problem, solver: str) -> bool:
 def _mix_resolution(problem: Problem, solver: str) -> float | None:
     """One rounded grid for the pure strategies and the mix when the exact one is very fine:
     transfers of odd byte counts make the exact unit ~1e-7 ms, and on the rounded grid CP-SAT
-    finds mixes far more often (at 2.5 activations, k = 1, of the recompute benchmark: 564 ms in
-    3 runs of 3, against 583 to 603 ms on the exact grid). The same grid for all, so that an
+    finds mixes far more often (at 2.5 activations, k = 1, of the recompute benchmark: 564 to
+    583 ms, against 583 to 603 ms on the exact grid). The same grid for all, so that an
     answer that peaks at the budget stays a feasible hint for the next solve (a rounded grid
     holds a transfer's release longer, and an exact answer at the budget would not fit it). The
     rounded grid is safe (timegrid.py; its padding stays under SLACK_SHARE of the bound) and
