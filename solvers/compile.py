@@ -149,9 +149,10 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
         plain = {e.name for e in entries} if early else set()  # repaired already
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
                                         deadline=repair_until)
-    both_solved = False
+    both_solved, resolution = False, _mix_resolution(problem, solver)
     if _mixes(problem, solver):
-        pure, both_solved = _pure_strategies(problem, solver, candidates, end, seed, workers, report, bound)
+        pure, both_solved = _pure_strategies(problem, solver, candidates, end, seed, workers, report, bound,
+                                             resolution)
         candidates += pure
     start = fastest_fitting(candidates)
     if start is not None:
@@ -167,7 +168,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     warnings: list[str] = []
     result = None if meets_bound else _verified(problem, solver, warnings, lambda: _run(
         problem, solver, hint, left, seed, workers, on_progress, bound, candidates, mixes_only=mixes_only,
-        resolution_ms=_mix_resolution(problem, solver)))
+        resolution_ms=resolution))
     elapsed = time.monotonic() - began
     chosen = _better(result, start)
     if chosen is None:
@@ -299,12 +300,13 @@ def _mix_resolution(problem: Problem, solver: str) -> float | None:
 
 
 def _pure_strategies(problem: Problem, solver: str, candidates: list[Judged], end: float, seed: int,
-                     workers: int, report: Callable[[Progress], None], bound: Bound) -> tuple[list[Judged], bool]:
+                     workers: int, report: Callable[[Progress], None], bound: Bound,
+                     resolution_ms: float | None) -> tuple[list[Judged], bool]:
     """The solver's answers on the problem without offload and on the problem without recompute,
     each until it stalls (_PURE_STALL) or _PURE_SHARE of the time left has passed, from the best
     candidate that uses only that strategy, as candidates of the whole problem (a schedule with no
     transfers, or no recompute, simulates the same on either), and whether both were solved. The
-    strategy whose warm start is faster goes first."""
+    strategy whose warm start is faster goes first; each on the mix's grid (_mix_resolution)."""
     pure = {"recompute-only": (problem.without_offload(), lambda c: not c.schedule.offloaded),
             "offload-only": (problem.without_recompute(), lambda c: not c.schedule.recomputed)}
     starts = {name: fastest_fitting([c for c in candidates if usable(c)]) for name, (_, usable) in pure.items()}
@@ -321,7 +323,7 @@ def _pure_strategies(problem: Problem, solver: str, candidates: list[Judged], en
         own = [c for c in candidates if usable(c)]
         result = _verified(sub, solver, [], lambda: _run(sub, solver, start, min(share, end - time.monotonic()), seed,
                                                          workers, relay, makespan_lower_bound(sub), own, stall,
-                                                         resolution_ms=_mix_resolution(problem, solver)))
+                                                         resolution_ms=resolution_ms))
         if result is None or result.schedule is None:
             continue
         solved += 1

@@ -187,10 +187,11 @@ def test_a_stalled_search_stops_long_before_its_time_limit():
     pure strategies of a mix this, issue 14). A rounded grid proves nothing, so without it the
     search would run for the whole minute."""
     from benchmarks.recompute import _problem
+    from optpipe.solvers.compile import _mix_resolution
 
     problem = _problem(2.0, 2.5)
-    resolution = choose_grid(problem, max_units=2**24).resolution_ms
-    assert not choose_grid(problem, resolution).exact
+    resolution = _mix_resolution(problem, "cpsat")
+    assert resolution is not None and not choose_grid(problem, resolution).exact
     result = solve_cpsat(problem, time_limit_s=60.0, hint=_start(problem), workers=2, seed=1, stall_s=0.5,
                          resolution_ms=resolution)
     assert result.schedule is not None and simulate(problem, result.schedule).fits
