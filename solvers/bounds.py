@@ -20,6 +20,9 @@ Makespan: the larger of two arguments, each valid for every schedule the simulat
   the best savings per ms of link first, fractions allowed) against the room the budget gives
   meets at the bound (``_area_bound``).
   A recomputed activation holds at least its whole size for F, the recompute and B.
+- The same argument with whole activations (``packing.py``): at any instant the budget holds a
+  whole number of each stage's activations and weight parts, which can be far less than the
+  bytes allow when only a few fit. A covering LP over those memory configurations bounds it.
 
 A split backward (B then W) relaxes a fused BW, so bounds computed with B and W apart hold for
 schedules that fuse them.
@@ -34,11 +37,15 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from functools import lru_cache
 
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import duration_ms, lag_ms, stage_ms
 from optpipe.core.units import format_size
+
+from .fill import memory_releases
+from .packing import packing_bound
 
 __all__ = [
     "Bound",
@@ -52,6 +59,7 @@ __all__ = [
 
 _F, _B, _W, _BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
 _OFF, _REL, _RC = OpKind.OFFLOAD, OpKind.RELOAD, OpKind.RECOMPUTE
+_EPS_MS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,7 @@ def data_paths(problem: Problem) -> Paths:
     return Paths(head, tail, lag_up, gap)
 
 
-def _jobs(problem: Problem, paths: Paths, device: int) -> list[tuple[float, float, float]]:
+def _jobs(problem: Problem, paths: Paths, device: int, fitting: bool) -> list[tuple[float, float, float]]:
     """(release, duration, tail) of every compute op on ``device``.
 
     The j-th F of stage s (in time order) needs j+1 forwards of stage s-1 done, which run one at
@@ -109,18 +117,20 @@ def _jobs(problem: Problem, paths: Paths, device: int) -> list[tuple[float, floa
     S, m = pipe.stages, pipe.microbatches
     other = lambda s: 0 <= s < S and pipe.device_of(s) != device  # noqa: E731
     lines = _other_devices(problem, paths, device)
+    fill = _fill(problem) if fitting else None
     jobs = []
     for s in pipe.stages_on(device):
+        fill_f, fill_b = (fill[(_F, s)], fill[(_B, s)]) if fill else ([0.0] * m, [0.0] * m)
         for j in range(m):
             k = m - 1 - j  # forwards after this one
             release = paths.head[(_F, s)] + (j * f[s - 1] if other(s - 1) else 0.0)
-            release = max(release, _envelope(lines[(_F, s, "release")], j + 1))
+            release = max(release, _envelope(lines[(_F, s, "release")], j + 1), fill_f[j])
             after = paths.tail[(_F, s)] + (k * f[s + 1] if other(s + 1) else 0.0)
             after = max(after, _envelope(lines[(_F, s, "tail")], k + 1))
             jobs.append((release, f[s], after))
             upstream = s + 1  # where B comes from
             release = paths.head[(_B, s)] + (j * b[upstream] if other(upstream) else 0.0)
-            release_b = max(release, _envelope(lines[(_B, s, "release")], j + 1))
+            release_b = max(release, _envelope(lines[(_B, s, "release")], j + 1), fill_b[j])
             after = paths.tail[(_B, s)]
             if other(s - 1):
                 after = max(after, paths.lag_up[s - 1] + (k + 1) * b[s - 1] + paths.tail[(_B, s - 1)])
@@ -129,6 +139,12 @@ def _jobs(problem: Problem, paths: Paths, device: int) -> list[tuple[float, floa
             release = paths.head[(_W, s)] + (j * b[upstream] if other(upstream) else 0.0)
             jobs.append((max(release, release_b + b[s]), w[s], 0.0))
     return jobs
+
+
+@lru_cache(maxsize=16)
+def _fill(problem: Problem) -> dict[tuple[OpKind, int], list[float]]:
+    """What the budget does to the fill (fill.py); cached, as every device's relaxation asks."""
+    return memory_releases(problem, data_paths(problem).head)
 
 
 def _other_devices(problem: Problem, paths: Paths, device: int) -> dict[tuple, list[tuple[float, float]]]:
@@ -215,9 +231,10 @@ def _jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
     return best
 
 
-def device_lower_bound(problem: Problem, device: int, paths: Paths | None = None) -> float:
-    """Jackson's preemptive bound for one device's compute ops."""
-    return _jackson_preemptive(_jobs(problem, paths or data_paths(problem), device))
+def device_lower_bound(problem: Problem, device: int, paths: Paths | None = None, *, fitting: bool = False) -> float:
+    """Jackson's preemptive bound for one device's compute ops; ``fitting`` adds what the budget does
+    to the fill (fill.py), which holds only for schedules that fit."""
+    return _jackson_preemptive(_jobs(problem, paths or data_paths(problem), device, fitting))
 
 
 def memory_area_bound(problem: Problem, paths: Paths | None = None) -> Bound:
@@ -225,10 +242,24 @@ def memory_area_bound(problem: Problem, paths: Paths | None = None) -> Bound:
     paths = paths or data_paths(problem)
     best = Bound(0.0, "")
     for device in range(problem.devices):
-        bound = _area_bound(problem, paths, device)
-        if bound.value > best.value:
-            best = bound
+        for bound in (_area_bound(problem, paths, device), _packing_bound(problem, paths, device)):
+            if bound.value > best.value:
+                best = bound
     return best
+
+
+def _packing_bound(problem: Problem, paths: Paths, device: int) -> Bound:
+    """What whole activations force (packing.py), from the device's data paths."""
+    stages = problem.pipeline.stages_on(device)
+    f = stage_ms(problem, _F)
+    value = packing_bound(problem, device, head=min(paths.head[(_F, s)] for s in stages),
+                          first_end=min(paths.head[(_F, s)] + f[s] for s in stages),
+                          gap={s: paths.gap[s] for s in stages},
+                          tail_after_b=min(paths.tail[(_B, s)] for s in stages))
+    if value is None:
+        return Bound(0.0, "")
+    return Bound(value, f"device {device}: the budget of {format_size(problem.memory.budget)} holds whole "
+                        f"activations only, so they fit only over at least {value:,.1f} ms")
 
 
 def _area_bound(problem: Problem, paths: Paths, device: int) -> Bound:
@@ -312,12 +343,13 @@ def makespan_lower_bound(problem: Problem) -> Bound:
     paths = data_paths(problem)
     best = Bound(0.0, "")
     for device in range(problem.devices):
-        value = device_lower_bound(problem, device, paths)
+        value = device_lower_bound(problem, device, paths, fitting=True)
         if value > best.value:
             busy = sum(duration_ms(problem, Op(kind, s, 0))
                        for s in problem.pipeline.stages_on(device) for kind in (_F, _BW))
+            slowed = value > device_lower_bound(problem, device, paths) + _EPS_MS
             best = Bound(value, f"device {device}: {busy * problem.microbatches:,.1f} ms of compute "
-                                f"plus pipeline fill and drain")
+                                f"plus pipeline fill and drain" + (", the fill slowed by the budget" if slowed else ""))
     area = memory_area_bound(problem, paths)
     return area if area.value > best.value else best
 

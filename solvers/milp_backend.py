@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
 import pulp
 
 from optpipe.core.errors import SolverError
+
+from .quiet import quiet_stdout
 
 __all__ = ["BACKENDS", "BackendRun", "run_backend"]
 
@@ -67,20 +67,6 @@ def run_backend(lp: pulp.LpProblem, backend: str, *, time_limit_s: float, seed: 
 _highs_threads: int | None = None
 
 
-@contextmanager
-def _quiet_stdout():
-    """Drop what C++ code prints on file descriptor 1 (HiGHS prints a banner when first created)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as sink:
-            os.dup2(sink.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 class _Highs(pulp.HiGHS):
     """PuLP's HiGHS class, plus the warm start PuLP leaves out and an improving-solution callback."""
 
@@ -90,7 +76,7 @@ class _Highs(pulp.HiGHS):
         self.on_incumbent = on_incumbent
 
     def createAndConfigureSolver(self, lp):
-        with _quiet_stdout():
+        with quiet_stdout():
             super().createAndConfigureSolver(lp)
         if self.on_incumbent is not None:
             report = self.on_incumbent

@@ -103,6 +103,12 @@ CASES = [
     ("recompute-stage0-m2", _problem(2, (1.0, 2.0), (2.0, 1.0), (1.0, 1.0), (100, 100), (50, 50), 100,
                                      recompute=Recompute(True, (1.0, 2.0), (10, 10))),
      {(0, 0): ("keep", "recompute"), (0, 1): ("keep", "recompute")}),
+    # Only whole activations fit (packing.py): an activation and another's weight part exceed the
+    # budget, so device 0 runs its microbatches one after another, whatever the bytes allow.
+    ("whole-m2", _problem(2, (1.0, 2.0), (2.0, 1.0), (1.0, 1.0), (100, 100), (90, 90), 150), {}),
+    ("whole-offload-m2", _problem(2, (1.0, 2.0), (2.0, 1.0), (1.0, 1.0), (100, 100), (90, 90), 150,
+                                  Offload(True, 1e5, 1e5, 10**9)), {(0, 0): _BOTH, (0, 1): _BOTH}),
+    ("whole-p2p-m2", _problem(2, (1.0, 1.0), (1.0, 1.0), (2.0, 1.0), (100, 80), (60, 70), 170, p2p=0.5), {}),
     ("link-group-m2", _problem(2, (1.0, 2.0), (2.0, 1.0), (1.0, 1.0), (100, 100), (50, 50), 120,
                                Offload(True, 1e5, 1e5, 10**9, ((0, 1),))), {(0, 0): _BOTH, (1, 0): _BOTH}),
 ]

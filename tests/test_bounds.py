@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optpipe.core.problem import Offload, Placement
-from optpipe.solvers.bounds import (data_paths, device_lower_bound, makespan_lower_bound, memory_area_bound,
-                                    memory_lower_bound)
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
+from optpipe.solvers.bounds import (_area_bound, data_paths, device_lower_bound, makespan_lower_bound,
+                                    memory_area_bound, memory_lower_bound)
 from optpipe.solvers.compare import applicable, compare
 
 from conftest import uniform_problem
@@ -116,11 +116,14 @@ def test_a_slow_link_cannot_offload_everything():
     # link (3 ms per offload, starting after the first F) moves at most (T - 1) / 3 of them, each
     # saving 800: 26,400 - 800 (T - 1) / 3 <= 400 T gives T >= 40, between 34 (a free link) and
     # 66 (no offload).
+    # Counting whole activations (packing.py) adds the last W, when none is held whole: 41.
     problem = _slow_link(8, 16, budget=400, ms_each_way=3.0)
-    assert memory_area_bound(problem.without_offload()).value == pytest.approx(66.0)
-    bound = memory_area_bound(problem)
+    paths = data_paths(problem)
+    assert _area_bound(problem.without_offload(), paths, 0).value == pytest.approx(66.0)
+    bound = _area_bound(problem, paths, 0)
     assert bound.value == pytest.approx(40.0)
     assert "host link" in bound.reason
+    assert memory_area_bound(problem).value == pytest.approx(41.0, rel=1e-6)
 
 
 def test_the_link_bound_is_never_below_the_old_area_argument():
@@ -187,3 +190,52 @@ def test_other_devices_work_never_above_the_optimum(p, v, m, p2p, monkeypatch):
     result = cpsat.solve_cpsat(problem, time_limit_s=60.0, workers=2, seed=0)
     assert result.status is SolveStatus.OPTIMAL
     assert result.timeline.makespan >= bound - 1e-6
+
+
+def test_whole_activations_force_more_than_their_bytes():
+    # p = 4, m = 8, F = B = W = 1: device 0 holds an activation whole for F + 6 + B = 8 ms and its
+    # weight part (90 of 100 bytes) for W. The budget holds two whole, one whole and one weight
+    # part, or two weight parts; never 2.2 of them, as the bytes alone (35.6 ms) would allow. The
+    # covering LP: 2 x + y >= 64 whole-ms, y + 2 z >= 8 weight-ms, z >= 1 (the last W holds no
+    # whole activation) gives x + y + z >= 36. CP-SAT proves 41 optimal for this problem.
+    problem = uniform_problem(4, 8, act=100, keep=90, budget=200)
+    assert _area_bound(problem, data_paths(problem), 0).value == pytest.approx(35.6)
+    bound = makespan_lower_bound(problem)
+    assert bound.value == pytest.approx(36.0, rel=1e-6)
+    assert "whole activations" in bound.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 5.0), st.integers(1, 9)), min_size=4, max_size=4),
+       st.integers(0, 20), st.integers(1, 3))
+def test_the_pricing_knapsack_is_exact(paid, budget, m):
+    """The column generation proves the LP optimal only if pricing misses no configuration."""
+    import itertools
+
+    from optpipe.solvers.packing import _knapsack
+
+    items = [(pay, size, stage, phase) for (pay, size), (stage, phase) in zip(paid, itertools.product((0, 1), (0, 1)))]
+    value, (whole, weight) = _knapsack(items, budget, m, 2)
+    best = 0.0
+    for counts in itertools.product(*(range(budget // size + 1) for _, size, _, _ in items)):
+        per_stage = [sum(c for c, item in zip(counts, items) if item[2] == s) for s in (0, 1)]
+        if sum(c * item[1] for c, item in zip(counts, items)) <= budget and max(per_stage) <= m:
+            best = max(best, sum(c * item[0] for c, item in zip(counts, items)))
+    assert value == pytest.approx(best)
+    counts = [(weight if phase else whole)[stage] for _, _, stage, phase in items]
+    assert sum(c * item[1] for c, item in zip(counts, items)) <= budget
+    assert max(whole[s] + weight[s] for s in (0, 1)) <= m
+    assert sum(c * item[0] for c, item in zip(counts, items)) == pytest.approx(value)
+
+
+def test_a_budget_of_one_activation_holds_back_the_fill():
+    # p = 2, m = 2, F = (1, 2), B = (2, 1), W = 1: the budget (150) holds one activation of 100, so
+    # device 0 starts its second F only when the first's B(0) has ended, at 1 + 2 + 1 + 2 = 6. That
+    # microbatch then needs F(1), B(1), B(0) and W(0): 6 + 2 + 1 + 2 + 1 + 1 = 13 (fill.py), where
+    # compute alone gives 10.
+    problem = Problem("fill", Pipeline(2, 1, Placement.INTERLEAVED, 2), Costs((1.0, 2.0), (2.0, 1.0), (1.0, 1.0), 0.0),
+                      Memory((100, 100), (50, 50), 150))
+    assert max(device_lower_bound(problem, d) for d in range(2)) == pytest.approx(10.0)
+    assert max(device_lower_bound(problem, d, fitting=True) for d in range(2)) == pytest.approx(13.0)
+    bound = makespan_lower_bound(problem)
+    assert bound.value == pytest.approx(13.0) and "slowed by the budget" in bound.reason

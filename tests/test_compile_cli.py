@@ -144,3 +144,15 @@ def test_budget_override(small, capsys):
     out = _json(capsys)
     assert out["budget_bytes"] == 400
     assert out["makespan_ms"] == pytest.approx(27.0)  # enough memory for ZB-H2's overlap: the fill-and-drain bound
+
+
+def test_json_on_stdout_is_only_json_in_a_fresh_process(small):
+    """The bound's LP (HiGHS) prints a banner on file descriptor 1 when first created; a fresh
+    interpreter is where it would show, and it must not land in the JSON."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "optpipe.cli", "compile", str(small), "--time-limit", "2",
+                           "--workers", "2", "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["lower_bound_ms"] > 0
