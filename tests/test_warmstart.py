@@ -35,3 +35,21 @@ def test_stops_once_a_fitting_start_meets_the_bound():
     met = warm_starts(PROBLEM, entries, bound_ms=fastest)
     assert _names(met) == [e.name for e in entries if e.applicable] + ["one-at-a-time"]
     assert len(warm_starts(PROBLEM, entries, bound_ms=0.0)) > len(met)
+
+
+def test_fitting_heuristics_are_filled_before_the_offloaded_versions_are_built():
+    """A fitting heuristic with memory to spare is W-filled right after the fastest one: at
+    p >= 24 the offloaded versions of every heuristic can take the whole warm-start share."""
+    from optpipe.solvers.compare import applicable
+    from optpipe.solvers.warmstart import _Build
+
+    entries = compare(PROBLEM)
+    build = _Build(PROBLEM, applicable(entries), None, None)
+    assert build.fill_fastest() and build.fill_fitting()
+    fitting = [j.name for j in build.plain if j.fits and j.name != build.plain[build.fastest[0]].name]
+    assert fitting  # the case the test is about
+    names = {j.name for _, j in build.built}
+    assert all(f"{name}+W(1)" in names for name in fitting)
+    assert not any(name.endswith("+offload") and "+W(" not in name for name in names)  # offload_each not run yet
+    whole = _names(warm_starts(PROBLEM, entries))
+    assert len(whole) == len(set(whole))  # fill_others does not fill them again
