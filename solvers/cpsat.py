@@ -99,14 +99,16 @@ def _stop_when_stalled(solver: cp_model.CpSolver, callback: _Progress, stall_s: 
 def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule | None = None,
                 seed: int = 0, workers: int | None = None, resolution_ms: float | None = None,
                 on_progress: Callable[[Progress], None] | None = None, stall_s: float | None = None,
-                mixes_only: bool = False) -> SolveResult:
+                mixes_only: bool = False, stall_from_start: bool = False) -> SolveResult:
     """Minimise the makespan over the whole problem; returns what the simulator says of the result.
 
     A fitting hint (the best fitting heuristic, usually) is given to CP-SAT complete and bounds
     the horizon, so the search only looks at schedules at least as fast. ``stall_s`` ends the
-    search early once that long passes without a better solution. ``mixes_only`` searches only
-    schedules that both offload and recompute (Model.require_both); its bound proves nothing
-    about the others, so none is reported.
+    search early once that long passes without a better solution; with ``stall_from_start`` the
+    clock runs from the start, so a search that finds no first solution (not even the hint's)
+    in that time ends too. ``mixes_only`` searches only schedules that both offload and
+    recompute (Model.require_both); its bound proves nothing about the others, so none is
+    reported.
     """
     began = time.monotonic()
     # data
@@ -128,6 +130,8 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     proves = grid.exact and model.memory_exact and not mixes_only
     # solve
     callback = _Progress(grid, began, on_progress, analytic, proves)
+    if stall_from_start:
+        callback.last = time.monotonic()
     # Probing pays for proofs; a rounded grid proves nothing, and its long horizons make probing
     # take seconds before the first solution (even a complete hint's).
     solver, code = solve_model(model, time_limit_s=time_limit_s - (time.monotonic() - began), seed=seed,

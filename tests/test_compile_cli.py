@@ -156,3 +156,42 @@ def test_json_on_stdout_is_only_json_in_a_fresh_process(small):
                            "--workers", "2", "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["lower_bound_ms"] > 0
+
+
+def test_a_stalled_whole_model_hands_the_rest_of_the_time_to_the_window_search(monkeypatch):
+    """A whole-model CP-SAT that finds nothing better (not even takes its hint) stops after its
+    stall share; the window search then runs from the warm start for what is left."""
+    from optpipe.solvers import compile as compile_module
+    from optpipe.solvers import cpsat, lns
+    from optpipe.solvers.result import SolveResult
+
+    problem = uniform_problem(4, 8, act=100, keep=50, budget=250, offload=Offload(True, 1e5, 1e5, 10**9))
+    assert compile_module.exact_model_fits(problem)
+    calls = {}
+
+    def stalled(problem, **options):
+        calls["whole"] = options
+        return SolveResult("cpsat", SolveStatus.NO_IMPROVEMENT, None, None, None, 1.0, 0.0, 0.5)
+
+    real_improve = lns.improve
+
+    def windows(problem, schedule, **options):
+        calls["windows"] = options["time_limit_s"]
+        return real_improve(problem, schedule, **{**options, "time_limit_s": 1.0})
+
+    monkeypatch.setattr(cpsat, "solve_cpsat", stalled)
+    monkeypatch.setattr(lns, "improve", windows)
+    compiled = compile_problem(problem, time_limit_s=20.0, workers=2)
+    assert calls["whole"]["stall_from_start"] and 2.5 <= calls["whole"]["stall_s"] <= 5.0  # a quarter of what is left
+    assert 10.0 < calls["windows"] <= 20.0  # the rest of the time limit
+    assert compiled.judged.timeline.fits and compiled.resolution_ms == 0.5
+
+
+def test_a_proven_whole_model_answer_is_not_handed_over(monkeypatch):
+    from optpipe.solvers import lns
+
+    monkeypatch.setattr(lns, "improve", lambda *a, **k: pytest.fail("the window search ran after a proof"))
+    # p = 4, m = 8, two whole activations of budget: CP-SAT proves 41 ms, above the analytic 36
+    compiled = compile_problem(uniform_problem(4, 8, act=100, keep=90, budget=200), time_limit_s=10.0, workers=2)
+    assert compiled.status is SolveStatus.OPTIMAL and compiled.makespan_ms == pytest.approx(41.0)
+    assert compiled.lower_bound_ms == pytest.approx(41.0)
