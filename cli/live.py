@@ -18,11 +18,11 @@ __all__ = ["compile_live"]
 
 
 def compile_live(problem, *, solver: str = "cpsat", time_limit_s: float = 60.0, seed: int = 0,
-                 workers: int | None = None, quiet: bool = False):
+                 workers: int | None = None, quiet: bool = False, starts=()):
     """compile_problem with the live progress line on stderr (none when ``quiet``)."""
     with _live_progress(problem, solver, time_limit_s, quiet) as on_progress:
         return compile_problem(problem, solver=solver, time_limit_s=time_limit_s, seed=seed, workers=workers,
-                               on_progress=on_progress)
+                               on_progress=on_progress, starts=starts)
 
 
 class _live_progress:

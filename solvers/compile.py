@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from dataclasses import replace
 
@@ -131,9 +131,13 @@ def exact_model_fits(problem: Problem) -> bool:
 
 
 def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: float = 60.0, seed: int = 0,
-                    workers: int | None = None,
-                    on_progress: Callable[[Progress], None] | None = None) -> Compiled:
-    """The fastest fitting schedule the chosen solver finds within the time limit."""
+                    workers: int | None = None, on_progress: Callable[[Progress], None] | None = None,
+                    starts: Sequence[Schedule] = ()) -> Compiled:
+    """The fastest fitting schedule the chosen solver finds within the time limit.
+
+    ``starts``: schedules to start from besides the heuristics (a plan compiled earlier, or for a
+    smaller budget, which fits this one too); each is judged by the simulator, repaired when it
+    overflows, and never returned unless it is the fastest that fits."""
     began = time.monotonic()
     _check_solver(solver)
     workers = workers or max(2, os.cpu_count() or 1)  # CP-SAT's portfolio needs two workers at least
@@ -148,7 +152,8 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     # The warm share counts from the start, but at p >= 24 the heuristics alone can take most of it:
     # the most promising variants (warmstart.py) still get a floor share after them.
     warm_until = min(end, max(began + _WARM_SHARE * time_limit_s, time.monotonic() + _WARM_AFTER * time_limit_s))
-    candidates = warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value) + early
+    given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
+    candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value) + early
     now = time.monotonic()
     if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
         repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))

@@ -195,3 +195,31 @@ def test_a_proven_whole_model_answer_is_not_handed_over(monkeypatch):
     compiled = compile_problem(uniform_problem(4, 8, act=100, keep=90, budget=200), time_limit_s=10.0, workers=2)
     assert compiled.status is SolveStatus.OPTIMAL and compiled.makespan_ms == pytest.approx(41.0)
     assert compiled.lower_bound_ms == pytest.approx(41.0)
+
+
+def test_a_given_start_is_never_beaten_by_a_slower_answer(small, tmp_path, capsys):
+    """--start: a schedule compiled before (here for a smaller budget, so it fits this one too)."""
+    schedule_path = tmp_path / "tight.json"
+    assert main(["compile", str(small), "--budget", "200B", "--time-limit", "5", "--workers", "2",
+                 "--schedule-out", str(schedule_path), "--json"]) == 0
+    tight = _json(capsys)["makespan_ms"]
+    given = load_schedule(schedule_path)
+    problem = load_problem(small)
+    compiled = compile_problem(problem, time_limit_s=0.5, workers=2, starts=[given])
+    assert compiled.judged.timeline.fits and compiled.makespan_ms <= tight + 1e-9
+    assert main(["compile", str(small), "--start", str(schedule_path), "--time-limit", "1", "--workers", "2",
+                 "--json"]) == 0
+    assert _json(capsys)["makespan_ms"] <= tight + 1e-9
+
+
+def test_a_start_file_that_is_not_there_says_so(small, tmp_path, capsys):
+    assert main(["compile", str(small), "--start", str(tmp_path / "nope.json"), "--time-limit", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "nope.json" in err and "Traceback" not in err
+
+
+def test_a_start_for_another_problem_says_so(small, tmp_path, capsys):
+    other = tmp_path / "other.json"
+    other.write_text('{"format": "optpipe-schedule", "version": 1, "name": "x", "devices": [["F0:0"]]}')
+    assert main(["compile", str(small), "--start", str(other), "--time-limit", "1"]) == 1
+    assert "devices" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from optpipe.core.errors import InfeasibleError
-from optpipe.core.schedule import dump_schedule
+from optpipe.core.schedule import dump_schedule, load_schedule
 from optpipe.plan.bytecode import write_plan
 from optpipe.plan.lower import lower
 from optpipe.cli.commands.common import (SEED, TIME_LIMIT, WORKERS, add_budget_argument, add_problem_argument, check_size,
@@ -35,6 +35,9 @@ def add_parser(sub) -> None:
                         help="write the schedule as JSON")
     parser.add_argument("-o", "--plan-out", metavar="PLAN.opb", type=output_path("-o"),
                         help="lower the schedule and write the plan bytecode")
+    parser.add_argument("--start", metavar="FILE.json", action="append", default=[],
+                        help="also start from this schedule (e.g. one compiled earlier, or for a smaller budget); "
+                             "repeatable")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.set_defaults(run=run)
 
@@ -42,9 +45,10 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     problem = read_problem(args)
     check_size(problem, "compile")
+    starts = [load_schedule(path) for path in args.start]
     try:
         compiled = compile_live(problem, solver=args.solver, time_limit_s=args.time_limit, seed=args.seed,
-                                workers=args.workers, quiet=args.json or not sys.stdout.isatty())
+                                workers=args.workers, quiet=args.json or not sys.stdout.isatty(), starts=starts)
     except InfeasibleError as error:
         if args.json:
             print_json({"solver": args.solver, "status": "infeasible", "message": str(error),
