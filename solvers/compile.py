@@ -133,11 +133,9 @@ def exact_model_fits(problem: Problem) -> bool:
 def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: float = 60.0, seed: int = 0,
                     workers: int | None = None, on_progress: Callable[[Progress], None] | None = None,
                     starts: Sequence[Schedule] = ()) -> Compiled:
-    """The fastest fitting schedule the chosen solver finds within the time limit.
-
-    ``starts``: schedules to start from besides the heuristics (a plan compiled earlier, or for a
-    smaller budget, which fits this one too); each is judged by the simulator, repaired when it
-    overflows, and never returned unless it is the fastest that fits."""
+    """The fastest fitting schedule the chosen solver finds within the time limit. ``starts``:
+    schedules to start from besides the heuristics (a plan compiled earlier, or for a smaller
+    budget, which fits this one too), judged by the simulator and repaired if they overflow."""
     began = time.monotonic()
     _check_solver(solver)
     workers = workers or max(2, os.cpu_count() or 1)  # CP-SAT's portfolio needs two workers at least
