@@ -25,6 +25,7 @@ from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import Timeline, simulate
 
+from .capped_offload import capped_offload_starts
 from .compare import Entry, applicable
 from .offload_slots import add_hidden_offloads, add_offloads, offloadable
 from .result import Judged
@@ -61,14 +62,16 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     the fastest heuristic's W passes filled under the budget, then offloaded (what brings a
     zero-bubble schedule, whose deferred W passes hold memory, under a tight budget); the
     fitting heuristics' W passes filled and offloaded (their spare memory bought back as
-    speed); every heuristic's offloaded versions, fastest first (what repair.py starts from);
+    speed); the memory-capped list schedule that offloads (for budgets far below PO-H's peak);
+    every heuristic's offloaded versions, fastest first (what repair.py starts from);
     the overflowing heuristics' W passes filled under the budget; then the looser W-filling caps. They are
     returned in the order above whatever order they were built in, so ties go the same way with
     and without a deadline. With ``bound_ms`` (a proven lower bound), building stops once a
     fitting candidate meets it.
     """
     build = _Build(problem, applicable(entries), deadline, bound_ms)
-    for step in (build.fill_fastest, build.fill_fitting, build.offload_each, build.fill_others, build.fill_looser):
+    for step in (build.fill_fastest, build.fill_fitting, build.capped, build.offload_each, build.fill_others,
+                 build.fill_looser):
         if not step():
             break
     return build.done()
@@ -80,7 +83,7 @@ class _Build:
 
     Keys: (0, n) the n-th heuristic as it is; (1,) one at a time; (2, n, k) heuristic n offloaded
     the k-th way; (3, rank, cap, k) the rank-th fastest heuristic W-filled under caps[cap], then
-    offloaded the k-th way (k = 0: not offloaded).
+    offloaded the k-th way (k = 0: not offloaded); (4, k) the capped offloading list schedule.
     """
 
     problem: Problem
@@ -131,6 +134,16 @@ class _Build:
                 if self.stop():
                     return False
                 self.fill(rank, n, 0)
+        return True
+
+    def capped(self) -> bool:
+        """The memory-capped list schedule that offloads the first chunk (capped_offload.py):
+        far below PO-H's peak it beats every offloaded or repaired heuristic."""
+        if self.stop():
+            return False
+        began = time.monotonic()
+        self.built += [((4, k), j) for k, j in enumerate(capped_offload_starts(self.problem, self.deadline))]
+        self.last_step = time.monotonic() - began
         return True
 
     def offload_each(self) -> bool:

@@ -1,0 +1,230 @@
+"""A memory-capped list schedule that offloads: warm starts for budgets far below PO-H's peak.
+
+PO-H and its repairs keep GIS-H's deep warm-up and make it fit by offloading more; far below
+PO-H's peak the offloads cannot keep up (k > 1) and the pipeline runs at the link's pace. Here
+the number of microbatches a device has in flight is capped instead, the first chunk's
+activations are offloaded right after their F, and each reload is issued as late as still ends
+before its B. Over all devices the op that can start earliest is placed next (ties: B, then F,
+then W; a W only where it fits in the idle time before the next F or B), and every allocation
+is checked against the device's memory from its start on, so the simulator reproduces the
+times and the peak: a schedule that comes out fits.
+
+On the 7B-like problem (p = 8, v = 2, m = 32, k = 2.2) at 0.7x of PO-H's peak this gives
+2,736 ms where PO-H repaired gives 3,106; on the generated grid it is rarely the best start. A
+cap too small starves the pipeline and one too large fills the memory early, so caps are tried
+from p / 2 upwards, then downwards, each way until three in a row bring nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind, Schedule
+from optpipe.core.semantics import duration_ms, lag_ms
+from optpipe.core.simulate import simulate
+
+from .result import Judged
+
+__all__ = ["capped_offload", "capped_offload_starts"]
+
+_F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
+_INF = float("inf")
+_EPS = 1e-9
+_PATIENCE = 3  # caps in a row that bring nothing before the search over caps stops
+# stages x microbatches above which the list pass (quadratic in a device's ops) is skipped: at
+# p = 24, v = 2, m = 48 one pass takes about a second and the answer is far from the best start
+_MAX_OPS = 1024
+
+
+class _Memory:
+    """A device's memory as (time, change) events; frees before allocations at one instant."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.changes: list[int] = []
+
+    def add(self, t: float, change: int) -> None:
+        k = bisect.bisect_right(self.times, t) if change < 0 else bisect.bisect_left(self.times, t)
+        self.times.insert(k, t)
+        self.changes.insert(k, change)
+
+    def peak_from(self, t: float) -> int:
+        """The most held at any time from ``t`` on, as far as the events placed so far say."""
+        held, k, n = 0, 0, len(self.times)
+        while k < n and self.times[k] <= t:
+            held += self.changes[k]
+            k += 1
+        best = held
+        for change in self.changes[k:]:
+            held += change
+            best = max(best, held)
+        return best
+
+
+@dataclass
+class _Device:
+    stages: list[int]
+    free: float = 0.0  # when its compute channel is next free
+    ops: list[Op] = field(default_factory=list)
+    ends: list[tuple[float, int]] = field(default_factory=list)  # (end, list index) of its compute ops
+    d2h_free: float = 0.0
+    h2d_free: float = 0.0
+    last_reload: int = -1  # list index of the last reload's issue point: reloads keep list order
+    memory: _Memory = field(default_factory=_Memory)
+    admitted: int = 0  # microbatches whose first F on the device has run
+    finished: int = 0  # ... whose B of its lowest stage has run
+    waiting_w: list[tuple[int, int]] = field(default_factory=list)
+
+
+class _Pass:
+    """One list pass for one cap; ``run`` returns the schedule or None when it deadlocks."""
+
+    def __init__(self, problem: Problem, offloaded_stages: frozenset[int], cap: int):
+        self.problem, self.cap = problem, cap
+        pipe = problem.pipeline
+        self.S, self.m = pipe.stages, pipe.microbatches
+        self.offloaded_stages = offloaded_stages if problem.offload.enabled else frozenset()
+        self.devices = [_Device(sorted(pipe.stages_on(d))) for d in range(pipe.devices)]
+        self.act, self.keep = problem.memory.activation, problem.memory.weight_activation
+        self.largest = [max(self.act[s] for s in dev.stages) for dev in self.devices]
+        self.ms = {kind: [duration_ms(problem, Op(kind, s, 0)) for s in range(self.S)]
+                   for kind in (_F, _B, _W) + ((_OFF, _REL) if problem.offload.enabled else ())}
+        self.next = {_F: [0] * self.S, _B: [0] * self.S}
+        self.end: dict[tuple[OpKind, int, int], float] = {}
+        self.offload_end: dict[tuple[int, int], float] = {}
+
+    def _ready(self, kind: OpKind, s: int, i: int) -> float:
+        """When the data of F(s, i) or B(s, i) arrives (inf: its source is not placed yet)."""
+        if kind is _F:
+            source, lag = ((_F, s - 1, i), lag_ms(self.problem, s - 1, s)) if s > 0 else (None, 0.0)
+        elif s == self.S - 1:
+            source, lag = (_F, s, i), 0.0
+        else:
+            source, lag = (_B, s + 1, i), lag_ms(self.problem, s + 1, s)
+        if source is None:
+            return 0.0
+        end = self.end.get(source)
+        return _INF if end is None else end + lag
+
+    def _reload_slot(self, dev: _Device, s: int, i: int, ready: float) -> tuple[int, float] | None:
+        """(list index to issue after, start) for REL(s, i): the latest compute op whose end still
+        lets it finish by ``ready`` with room in memory, else the earliest with room."""
+        chosen = None
+        back = self.ms[_REL][s]
+        for end, index in dev.ends:
+            if index < dev.last_reload:
+                continue
+            start = max(end, self.offload_end[(s, i)], dev.h2d_free)
+            if dev.memory.peak_from(start) + self.act[s] > self.problem.memory.budget:
+                continue
+            if start + back <= ready + _EPS:
+                chosen = (index, start)
+            else:
+                return chosen or (index, start)
+        return chosen
+
+    def _choice(self, d: int):
+        """(start, rank, -stage, kind, stage, microbatch, reload slot) of the device's next op, or None."""
+        dev, budget = self.devices[d], self.problem.memory.budget
+        best = None
+        for s in reversed(dev.stages):
+            i = self.next[_B][s]
+            if i >= self.m or (_F, s, i) not in self.end or (ready := self._ready(_B, s, i)) == _INF:
+                continue
+            slot, start = None, max(dev.free, ready)
+            if (s, i) in self.offload_end:
+                slot = self._reload_slot(dev, s, i, ready)
+                if slot is None:
+                    continue
+                start = max(start, slot[1] + self.ms[_REL][s])
+            best = min(best or (_INF,), (start, 0, -s, _B, s, i, slot))
+        for s in reversed(dev.stages):
+            i = self.next[_F][s]
+            if i >= self.m or (ready := self._ready(_F, s, i)) == _INF:
+                continue
+            if s == dev.stages[0] and dev.admitted - dev.finished >= self.cap:
+                continue
+            start = max(dev.free, ready)
+            reserve = 0 if i == dev.finished else self.largest[d]  # room for the oldest to move on
+            if dev.memory.peak_from(start) + self.act[s] + reserve > budget:
+                continue
+            best = min(best or (_INF,), (start, 1, -s, _F, s, i, None))
+        if dev.waiting_w:
+            s, i = dev.waiting_w[0]
+            start = max(dev.free, self.end[(_B, s, i)])
+            if best is None or start + self.ms[_W][s] <= best[0] + _EPS:
+                best = (start, 2, -s, _W, s, i, None)
+        return best
+
+    def run(self) -> Schedule | None:
+        for _ in range(3 * self.S * self.m):
+            picks = [(c, d) for d in range(len(self.devices)) if (c := self._choice(d)) is not None]
+            if not picks:
+                return None  # every device waits for memory that will not come
+            (start, _, _, kind, s, i, slot), d = min(picks)
+            self._place(self.devices[d], kind, s, i, start, slot)
+        return Schedule.of(f"capped-offload({self.cap})", [dev.ops for dev in self.devices])
+
+    def _place(self, dev: _Device, kind: OpKind, s: int, i: int, start: float, slot) -> None:
+        act, keep = self.act[s], self.keep[s]
+        if slot is not None:  # the reload, issued after compute op number ``index``
+            index, at = slot
+            dev.ops.insert(index + 1, Op(_REL, s, i))
+            dev.ends = [(end, k + 1 if k > index else k) for end, k in dev.ends]
+            dev.last_reload, dev.h2d_free = index + 1, at + self.ms[_REL][s]
+            dev.memory.add(at, act)
+        end = start + self.ms[kind][s]
+        dev.ops.append(Op(kind, s, i))
+        dev.ends.append((end, len(dev.ops) - 1))
+        dev.free = self.end[(kind, s, i)] = end
+        if kind is _F:
+            dev.memory.add(start, act)
+            self.next[_F][s] += 1
+            dev.admitted += s == dev.stages[0]
+            if s in self.offloaded_stages:
+                out_start = max(end, dev.d2h_free)
+                dev.d2h_free = self.offload_end[(s, i)] = out_start + self.ms[_OFF][s]
+                dev.ops.append(Op(_OFF, s, i))
+                dev.memory.add(dev.d2h_free, -act)
+        elif kind is _B:
+            dev.memory.add(end, -(act - keep))
+            self.next[_B][s] += 1
+            dev.waiting_w.append((s, i))
+            dev.finished += s == dev.stages[0]
+        else:
+            dev.memory.add(end, -keep)
+            dev.waiting_w.pop(0)
+
+
+def capped_offload(problem: Problem, cap: int) -> Schedule | None:
+    """The list schedule with at most ``cap`` microbatches in flight per device, the first chunk
+    offloaded (not the last stage's, whose B follows its F at once); None when it deadlocks."""
+    pipe = problem.pipeline
+    first_chunk = frozenset(s for s in range(pipe.stages) if s < pipe.devices and s < pipe.stages - 1)
+    return _Pass(problem, first_chunk, cap).run()
+
+
+def capped_offload_starts(problem: Problem, deadline: float | None = None) -> list[Judged]:
+    """The fastest fitting capped-offload schedule, caps tried from p / 2 upwards and then
+    downwards, each way until _PATIENCE caps in a row bring nothing (or the deadline); empty
+    without offload or for very large problems."""
+    if not problem.offload.enabled or problem.stages * problem.microbatches > _MAX_OPS:
+        return []
+    middle = max(1, problem.devices // 2)
+    top = problem.pipeline.chunks_per_device * problem.devices + problem.devices
+    best: list[Judged] = []
+    for caps in (range(middle, top), range(middle - 1, 0, -1)):
+        stale = 0
+        for cap in caps:
+            if stale >= _PATIENCE or (deadline is not None and time.monotonic() > deadline):
+                break
+            schedule = capped_offload(problem, cap)
+            timeline = simulate(problem, schedule) if schedule is not None else None
+            if timeline is not None and timeline.fits and (not best or timeline.makespan < best[0].makespan_ms - _EPS):
+                best, stale = [Judged(schedule.name, schedule, timeline)], 0
+            else:
+                stale += 1
+    return best
