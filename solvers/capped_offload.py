@@ -18,9 +18,11 @@ from p / 2 upwards, then downwards, each way until three in a row bring nothing.
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from dataclasses import dataclass, field
 
+from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.semantics import duration_ms, lag_ms
@@ -77,6 +79,7 @@ class _Device:
     admitted: int = 0  # microbatches whose first F on the device has run
     finished: int = 0  # ... whose B of its lowest stage has run
     waiting_w: list[tuple[int, int]] = field(default_factory=list)
+    offload_at: dict[tuple[int, int], int] = field(default_factory=dict)  # list index of OFF(s, i)
 
 
 class _Pass:
@@ -114,9 +117,11 @@ class _Pass:
         lets it finish by ``ready`` with room in memory, else the earliest with room."""
         chosen = None
         back = self.ms[_REL][s]
-        for end, index in dev.ends:
-            if index < dev.last_reload:
-                continue
+        first = max(dev.last_reload, dev.offload_at[(s, i)])  # listed after its offload and the last reload
+        # issue points: the device's compute ops from ``first`` on, and the end of its list
+        start_at = bisect.bisect_left(dev.ends, first, key=lambda item: item[1])
+        tail = [(dev.free, len(dev.ops) - 1)] if dev.ends[-1][1] != len(dev.ops) - 1 else []
+        for end, index in itertools.chain(itertools.islice(dev.ends, start_at, None), tail):
             start = max(end, self.offload_end[(s, i)], dev.h2d_free)
             if dev.memory.peak_from(start) + self.act[s] > self.problem.memory.budget:
                 continue
@@ -174,6 +179,7 @@ class _Pass:
             index, at = slot
             dev.ops.insert(index + 1, Op(_REL, s, i))
             dev.ends = [(end, k + 1 if k > index else k) for end, k in dev.ends]
+            dev.offload_at = {pair: k + 1 if k > index else k for pair, k in dev.offload_at.items()}
             dev.last_reload, dev.h2d_free = index + 1, at + self.ms[_REL][s]
             dev.memory.add(at, act)
         end = start + self.ms[kind][s]
@@ -188,6 +194,7 @@ class _Pass:
                 out_start = max(end, dev.d2h_free)
                 dev.d2h_free = self.offload_end[(s, i)] = out_start + self.ms[_OFF][s]
                 dev.ops.append(Op(_OFF, s, i))
+                dev.offload_at[(s, i)] = len(dev.ops) - 1
                 dev.memory.add(dev.d2h_free, -act)
         elif kind is _B:
             dev.memory.add(end, -(act - keep))
@@ -222,7 +229,10 @@ def capped_offload_starts(problem: Problem, deadline: float | None = None) -> li
             if stale >= _PATIENCE or (deadline is not None and time.monotonic() > deadline):
                 break
             schedule = capped_offload(problem, cap)
-            timeline = simulate(problem, schedule) if schedule is not None else None
+            try:
+                timeline = simulate(problem, schedule) if schedule is not None else None
+            except ScheduleError:  # pragma: no cover - a pass that breaks a list rule is not a start
+                timeline = None
             if timeline is not None and timeline.fits and (not best or timeline.makespan < best[0].makespan_ms - _EPS):
                 best, stale = [Judged(schedule.name, schedule, timeline)], 0
             else:

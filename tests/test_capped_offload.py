@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from optpipe.core.problem import Offload
+from optpipe.core.problem_file import default_problem
+from optpipe.core.schedule import Op, OpKind
 from optpipe.core.simulate import simulate
 from optpipe.solvers.capped_offload import capped_offload, capped_offload_starts
 from optpipe.solvers.compare import compare
@@ -31,6 +33,22 @@ def test_what_comes_out_simulates_and_fits(p, v, m, slots, ms, p2p, cap):
     if schedule is not None:
         timeline = simulate(problem, schedule)
         assert timeline.fits, (timeline.peak, problem.memory.budget)  # and it is complete: simulate checks
+        _reloads_follow_offloads(schedule)
+
+
+def _reloads_follow_offloads(schedule) -> None:
+    for ops in schedule.devices:  # passes that edit lists (the window search's splice) rely on it
+        where = {op: k for k, op in enumerate(ops)}
+        assert all(where[op] > where[Op(OpKind.OFFLOAD, op.stage, op.microbatch)]
+                   for op in ops if op.kind is OpKind.RELOAD)
+
+
+def test_reloads_follow_their_offloads_on_the_built_in_problem():
+    """The built-in problem once got reloads listed before their offloads (device 6): the simulator
+    accepts that, but a window search from it built a cycle and compile failed."""
+    problem = default_problem()
+    for cap in (7, 8, 12):
+        _reloads_follow_offloads(capped_offload(problem, cap))
 
 
 def test_far_below_po_h_it_beats_the_capped_fallback():
