@@ -14,7 +14,7 @@ import random
 
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
-__all__ = ["grid", "LARGE"]
+__all__ = ["grid", "generated", "LARGE"]
 
 _MIB = 2**20
 # (p, v, m, budget as a fraction of 1F1B-I's activations p*v + p - 1, k or None for no offload)
@@ -29,7 +29,8 @@ _SHAPES = [
 LARGE = (32, 2, 256, 0.24, 1.6)
 
 
-def _problem(index: int, p: int, v: int, m: int, fraction: float, k: float | None, seed: int) -> Problem:
+def generated(index: int, p: int, v: int, m: int, fraction: float, k: float | None, seed: int) -> Problem:
+    """One problem of the kind above: the index-th shape of the grid with ``seed``, or any other shape."""
     rng = random.Random(seed * 1000 + index)
     stages = p * v
     base = rng.choice([8.0, 10.0, 14.0])
@@ -55,4 +56,4 @@ def _problem(index: int, p: int, v: int, m: int, fraction: float, k: float | Non
 def grid(seed: int = 0, large: bool = False) -> list[Problem]:
     """The grid's problems, smallest first; with ``large`` the p = 32, m = 256 case at the end."""
     shapes = _SHAPES + ([LARGE] if large else [])
-    return [_problem(index, *shape, seed=seed) for index, shape in enumerate(shapes)]
+    return [generated(index, *shape, seed=seed) for index, shape in enumerate(shapes)]

@@ -11,7 +11,8 @@ time that its W passes could fill (wfill.py). Each heuristic is tried:
 - with its W passes filling idle time, as far as a memory cap allows, then offloaded the same
   two ways; caps above the budget let the offloads bring the peak down afterwards.
 
-Plus one microbatch at a time, the schedule that holds least. The simulator judges all of them.
+Plus one microbatch at a time, the schedule that holds least; and GIS with every group size
+between GIS-H's and GIS's (``groups``). The simulator judges all of them.
 Generation stops at the deadline: the plain heuristics come first, so there is always a start.
 """
 
@@ -21,12 +22,13 @@ import time
 from dataclasses import dataclass, field
 
 from optpipe.core.errors import OptpipeError
-from optpipe.core.problem import Problem
+from optpipe.core.problem import Placement, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import Timeline, simulate
 
 from .capped_offload import capped_offload_starts
 from .compare import Entry, applicable
+from .heuristics.gis import gis_schedule, smallest_group
 from .offload_slots import add_hidden_offloads, add_offloads, offloadable
 from .result import Judged
 from .wfill import fill_with_w
@@ -62,16 +64,17 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     the fastest heuristic's W passes filled under the budget, then offloaded (what brings a
     zero-bubble schedule, whose deferred W passes hold memory, under a tight budget); the
     fitting heuristics' W passes filled and offloaded (their spare memory bought back as
-    speed); the memory-capped list schedule that offloads (for budgets far below PO-H's peak);
-    every heuristic's offloaded versions, fastest first (what repair.py starts from);
-    the overflowing heuristics' W passes filled under the budget; then the looser W-filling caps. They are
+    speed); GIS with the group sizes between GIS-H's and GIS's, W-filled and offloaded (at
+    p = 24 they give the best start: 5,447.5 ms where PO-H + W(1) + hidden offload gives 5,572.1);
+    the memory-capped list schedule that offloads (for budgets far below PO-H's peak);
+    every heuristic's offloaded versions, fastest first (what repair.py starts from); the overflowing heuristics' W passes filled under the budget; then the looser W-filling caps. They are
     returned in the order above whatever order they were built in, so ties go the same way with
     and without a deadline. With ``bound_ms`` (a proven lower bound), building stops once a
     fitting candidate meets it.
     """
     build = _Build(problem, applicable(entries), deadline, bound_ms)
-    for step in (build.fill_fastest, build.fill_fitting, build.capped, build.offload_each, build.fill_others,
-                 build.fill_looser):
+    for step in (build.fill_fastest, build.fill_fitting, build.groups, build.capped, build.offload_each,
+                 build.fill_others, build.fill_looser):
         if not step():
             break
     return build.done()
@@ -83,7 +86,8 @@ class _Build:
 
     Keys: (0, n) the n-th heuristic as it is; (1,) one at a time; (2, n, k) heuristic n offloaded
     the k-th way; (3, rank, cap, k) the rank-th fastest heuristic W-filled under caps[cap], then
-    offloaded the k-th way (k = 0: not offloaded); (4, k) the capped offloading list schedule.
+    offloaded the k-th way (k = 0: not offloaded); (4, k) the capped offloading list schedule;
+    (5, g, w, k) GIS with group size g, W-filled (w = 1) or not, offloaded the k-th way.
     """
 
     problem: Problem
@@ -165,6 +169,48 @@ class _Build:
             self.last_step = time.monotonic() - began
         return True
 
+    def groups(self) -> bool:
+        """GIS with each group size strictly between GIS-H's (ceil(p/2)) and GIS's (p): all of them
+        as they are, then W-filled under the budget in the order of their makespans, then, fastest
+        first, the offloaded versions of those faster than every fitting candidate so far
+        (offloading never makes a schedule faster). A group between the two trades warm-up depth
+        for memory in finer steps: GIS(8) + hidden offload takes 1,499.9 ms at p = 12, v = 2,
+        m = 24, k = 1.6, 0.3 budget, where PO-H takes 1,522.3."""
+        pipe, problem = self.problem.pipeline, self.problem
+        if pipe.placement is not Placement.INTERLEAVED or pipe.chunks_per_device < 2:
+            return True
+        bases = []
+        for g in range(smallest_group(pipe.devices) + 1, pipe.devices):
+            if self.stop():
+                return False
+            schedule = gis_schedule(problem, g, f"GIS(g={g})")
+            bases.append(((5, g, 0), Judged(schedule.name, schedule, simulate(problem, schedule))))
+        self.built += [(key + (0,), judged) for key, judged in bases]
+        for (_, g, _), plain in sorted(bases, key=lambda item: item[1].timeline.makespan):
+            if self.stop():
+                return False
+            filled = self._timed(lambda: _w_filled(problem, plain))
+            if filled is not None:
+                bases.append(((5, g, 1), filled))
+                self.built.append(((5, g, 1, 0), filled))
+        if not problem.offload.enabled:
+            return True
+        for key, base in sorted(bases, key=lambda item: item[1].timeline.makespan):
+            fitting = [j.timeline.makespan for _, j in self.built if j.fits]
+            if fitting and base.timeline.makespan >= min(fitting) - 1e-9:
+                break
+            if self.stop():
+                return False
+            variants = self._timed(lambda: _offloaded(problem, base.name, base.schedule, base.timeline, self.deadline))
+            self.built.extend(((*key, 1 + k), v) for k, v in enumerate(variants))
+        return True
+
+    def _timed(self, build):
+        began = time.monotonic()
+        out = build()
+        self.last_step = time.monotonic() - began
+        return out
+
     def fill_others(self) -> bool:
         """The other (overflowing) heuristics' W passes filled under the budget (and offloaded)."""
         return self._fill_rest(fitting=False)
@@ -186,18 +232,26 @@ class _Build:
         self.last_step = time.monotonic() - began
 
     def _fill(self, rank: int, n: int, c: int) -> None:
-        problem, plain, cap = self.problem, self.plain[n], self.caps[c]
-        try:
-            filled = fill_with_w(problem, plain.schedule, memory_cap=int(problem.memory.budget * cap))
-        except ValueError:  # an order W-filling cannot follow is simply not a candidate
+        problem = self.problem
+        filled = _w_filled(problem, self.plain[n], self.caps[c])
+        if filled is None:
             self.unfillable.add(n)
             return
-        name = f"{plain.name}+W({cap:g})"
-        timeline = simulate(problem, filled)
-        self.built.append(((3, rank, c, 0), Judged(name, filled.renamed(name), timeline)))
+        self.built.append(((3, rank, c, 0), filled))
         if problem.offload.enabled:
-            self.built.extend(((3, rank, c, 1 + k), v)
-                              for k, v in enumerate(_offloaded(problem, name, filled, timeline, self.deadline)))
+            self.built.extend(((3, rank, c, 1 + k), v) for k, v in enumerate(
+                _offloaded(problem, filled.name, filled.schedule, filled.timeline, self.deadline)))
+
+
+def _w_filled(problem: Problem, plain: Judged, cap: float = 1.0) -> Judged | None:
+    """``plain`` with its W passes filling idle time under ``cap`` x the budget (None: an order
+    W-filling cannot follow, which is simply not a candidate)."""
+    try:
+        filled = fill_with_w(problem, plain.schedule, memory_cap=int(problem.memory.budget * cap))
+    except ValueError:
+        return None
+    name = f"{plain.name}+W({cap:g})"
+    return Judged(name, filled.renamed(name), simulate(problem, filled))
 
 
 def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline,
