@@ -62,18 +62,19 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
 
     Variants are built most promising first (when the deadline cuts, that is what is left out):
     the fastest heuristic's W passes filled under the budget, then offloaded (what brings a
-    zero-bubble schedule, whose deferred W passes hold memory, under a tight budget); the
-    fitting heuristics' W passes filled and offloaded (their spare memory bought back as
-    speed); GIS with the group sizes between GIS-H's and GIS's, W-filled and offloaded (at
-    p = 24 they give the best start: 5,447.5 ms where PO-H + W(1) + hidden offload gives 5,572.1);
-    the memory-capped list schedule that offloads (for budgets far below PO-H's peak);
-    every heuristic's offloaded versions, fastest first (what repair.py starts from); the overflowing heuristics' W passes filled under the budget; then the looser W-filling caps. They are
-    returned in the order above whatever order they were built in, so ties go the same way with
-    and without a deadline. With ``bound_ms`` (a proven lower bound), building stops once a
-    fitting candidate meets it.
+    zero-bubble schedule, whose deferred W passes hold memory, under a tight budget); GIS with
+    the group sizes between GIS-H's and GIS's, W-filled and offloaded (under a second at p <= 12;
+    at p = 24, where it takes about 9 s, the best start: 5,447.5 ms where PO-H + W(1) + hidden
+    offload gives 5,572.1); the fitting heuristics' W passes filled and offloaded (their spare
+    memory bought back as speed); the memory-capped list schedule that offloads (for budgets far
+    below PO-H's peak); every heuristic's offloaded versions, fastest first (what repair.py
+    starts from); the overflowing heuristics' W passes filled under the budget; then the looser
+    W-filling caps. They are returned in the order above whatever order they were built in, so
+    ties go the same way with and without a deadline. With ``bound_ms`` (a proven lower bound),
+    building stops once a fitting candidate meets it.
     """
     build = _Build(problem, applicable(entries), deadline, bound_ms)
-    for step in (build.fill_fastest, build.fill_fitting, build.groups, build.capped, build.offload_each,
+    for step in (build.fill_fastest, build.groups, build.fill_fitting, build.capped, build.offload_each,
                  build.fill_others, build.fill_looser):
         if not step():
             break
