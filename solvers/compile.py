@@ -45,6 +45,7 @@ from .milp import solve_milp
 from .registry import get_generator
 from .result import Judged, Progress, SolveResult, SolveStatus, fastest_fitting, gap
 from .recompute import mixed_neighbour, trade_for_offloads
+from .capped_offload import capped_offload_starts
 from .repair import repair_candidates
 from .timegrid import choose_grid
 from .warmstart import warm_starts
@@ -56,15 +57,16 @@ _EPS = TOLERANCE_MS
 # The full CP-SAT model has literals quadratic in a device's ops; above this many compute ops per
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
-# of the time limit, at most, for building warm starts: at p >= 16 the window search moves a start
-# by well under 1% in 60 s (grid20: 5,572.1 -> 5,556.6 ms), while the GIS group sizes need about
-# 9 s more there to give 5,447.5
-_WARM_SHARE = 0.45
+# Of the time limit, at most, for building warm starts; from _WIDE devices on, where the window
+# search moves a start by well under 1% in 60 s (grid20, p = 24: 5,572.1 -> 5,556.6 ms) and the GIS
+# group sizes need about 9 s to give 5,447.5, the larger share. Below, the window search pays
+# (the 7B-like problem at 10 s: 2,463.9 ms at 0.8x of PO-H's peak with 0.3; 2,489.1 with 0.45).
+_WARM_SHARE, _WIDE_WARM_SHARE, _WIDE = 0.3, 0.45, 16
 _WARM_AFTER = 0.2  # ... or this much after the heuristics, when they took longer (within the limit)
 _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
 _EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.5  # repair the plain heuristics first for this much of the limit when
-# the fastest fitting one is this much slower than the fastest (tight budgets; _early_repairs)
+# the fastest fitting one is this much slower than the fastest (tight budgets; _tight)
 _MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
 # With both offload and recompute, each pure strategy is solved before the mix (issue 14) for at
@@ -149,12 +151,12 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     if solver.startswith("heuristic:"):
         return _heuristic(problem, solver, entries, baseline, bound, began)
     end = began + time_limit_s
-    early = _early_repairs(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
-    # The warm share counts from the start, but at p >= 24 the heuristics alone can take most of it:
-    # the most promising variants (warmstart.py) still get a floor share after them.
-    warm_until = min(end, max(began + _WARM_SHARE * time_limit_s, time.monotonic() + _WARM_AFTER * time_limit_s))
+    tight = _tight(problem, entries)
+    early = _early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s)) if tight else []
+    warm_until = _warm_until(problem, began, time_limit_s)
     given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
-    candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value) + early
+    candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value,
+                                     capped=not tight) + early
     now = time.monotonic()
     if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
         repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
@@ -194,6 +196,14 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
                     start.name if start else "-", note, result.resolution_ms if result else None, tuple(warnings))
 
 
+def _warm_until(problem: Problem, began: float, time_limit_s: float) -> float:
+    """When warm-start building stops. The share counts from the start, but at p >= 24 the
+    heuristics alone can take most of it: the most promising variants (warmstart.py) still get a
+    floor share after them."""
+    share = _WIDE_WARM_SHARE if problem.devices >= _WIDE else _WARM_SHARE
+    return min(began + time_limit_s, max(began + share * time_limit_s, time.monotonic() + _WARM_AFTER * time_limit_s))
+
+
 def _simulate_s(problem: Problem, judged: Judged) -> float:
     """How long one simulation of ``judged``'s schedule takes here (s)."""
     began = time.monotonic()
@@ -201,19 +211,25 @@ def _simulate_s(problem: Problem, judged: Judged) -> float:
     return time.monotonic() - began
 
 
-def _early_repairs(problem: Problem, entries: list[Entry], deadline: float) -> list[Judged]:
-    """When every fitting heuristic is far slower than the fastest (a tight budget), the nearly
-    fitting heuristics repaired first (repair.py), before the warm-start variants take their
-    share: at p >= 24 one round of offloads often makes PO-H fit, and the variants may take all
-    the time there is."""
+def _tight(problem: Problem, entries: list[Entry]) -> bool:
+    """Every fitting heuristic far slower than the fastest (or none fits), with offload on."""
     plain = applicable(entries)
-    if not plain or not problem.offload.enabled or deadline - time.monotonic() <= _MIN_REPAIR_S:
-        return []
-    fastest = min(c.timeline.makespan for c in plain)
+    if not plain or not problem.offload.enabled:
+        return False
     fitting = fastest_fitting(plain)
-    if fitting is not None and fitting.timeline.makespan <= _FAR_SLOWER * fastest:
+    return fitting is None or fitting.timeline.makespan > _FAR_SLOWER * min(c.timeline.makespan for c in plain)
+
+
+def _early_starts(problem: Problem, entries: list[Entry], deadline: float) -> list[Judged]:
+    """Under a tight budget, before the warm-start variants take their share: the capped
+    offloading list schedule (capped_offload.py; about 2 s on the 7B-like problem, where at
+    0.6x of PO-H's peak it gives 2,932.5 ms and PO-H repaired 3,654.0; skipped at p >= 24), then
+    the nearly fitting heuristics repaired (repair.py; at p >= 24 one round of offloads often
+    makes PO-H fit, and the variants may take all the time there is)."""
+    if deadline - time.monotonic() <= _MIN_REPAIR_S:
         return []
-    return repair_candidates(problem, plain, deadline=deadline)
+    capped = capped_offload_starts(problem, deadline)
+    return capped + repair_candidates(problem, applicable(entries) + capped, deadline=deadline)
 
 
 def _verified(problem: Problem, solver: str, warnings: list[str], run: Callable[[], SolveResult | None]):

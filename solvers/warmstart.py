@@ -35,6 +35,7 @@ from .wfill import fill_with_w
 
 __all__ = ["warm_starts", "one_at_a_time"]
 
+_HIDDEN_IF_UNDER = 1.1  # with hidden_if_fits, the peak (in budgets) of offloading everything that still tries hiding
 _CAPS = (1.0, 1.5, 2.5)  # W-filling memory caps, as multiples of the budget (1.0 alone without offload)
 
 
@@ -57,24 +58,26 @@ def one_at_a_time(problem: Problem) -> Schedule:
 
 
 def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None = None,
-                bound_ms: float | None = None) -> list[Judged]:
+                bound_ms: float | None = None, capped: bool = True) -> list[Judged]:
     """Candidates in the order above; variants are skipped once ``deadline`` (monotonic s) passes.
 
     Variants are built most promising first (when the deadline cuts, that is what is left out):
     the fastest heuristic's W passes filled under the budget, then offloaded (what brings a
-    zero-bubble schedule, whose deferred W passes hold memory, under a tight budget); GIS with
-    the group sizes between GIS-H's and GIS's, W-filled and offloaded (under a second at p <= 12;
-    at p = 24, where it takes about 9 s, the best start: 5,447.5 ms where PO-H + W(1) + hidden
-    offload gives 5,572.1); the fitting heuristics' W passes filled and offloaded (their spare
-    memory bought back as speed); the memory-capped list schedule that offloads (for budgets far
-    below PO-H's peak); every heuristic's offloaded versions, fastest first (what repair.py
-    starts from); the overflowing heuristics' W passes filled under the budget; then the looser
-    W-filling caps. They are returned in the order above whatever order they were built in, so
-    ties go the same way with and without a deadline. With ``bound_ms`` (a proven lower bound),
-    building stops once a fitting candidate meets it.
+    zero-bubble schedule, whose deferred W passes hold memory, under a tight budget); the
+    memory-capped list schedule that offloads (for budgets far below PO-H's peak; about 2 s at
+    p = 8, m = 32, skipped at p = 24); GIS with the group sizes between GIS-H's and GIS's,
+    W-filled and offloaded (at p = 24, where it takes about 9 s, the best start: 5,447.5 ms where
+    PO-H + W(1) + hidden offload gives 5,572.1); the fitting heuristics' W passes filled and
+    offloaded (their spare memory bought back as speed); every heuristic's offloaded versions,
+    fastest first (what repair.py starts from); the overflowing heuristics' W passes filled under
+    the budget; then the looser W-filling caps. They are returned in the order above whatever
+    order they were built in, so ties go the same way with and without a deadline. With
+    ``bound_ms`` (a proven lower bound), building stops once a fitting candidate meets it.
+    ``capped=False`` leaves out the capped list schedule (compile builds it first under a
+    tight budget).
     """
     build = _Build(problem, applicable(entries), deadline, bound_ms)
-    for step in (build.fill_fastest, build.groups, build.fill_fitting, build.capped, build.offload_each,
+    for step in (build.fill_fastest, *([build.capped] if capped else []), build.groups, build.fill_fitting, build.offload_each,
                  build.fill_others, build.fill_looser):
         if not step():
             break
@@ -202,7 +205,8 @@ class _Build:
                 break
             if self.stop():
                 return False
-            variants = self._timed(lambda: _offloaded(problem, base.name, base.schedule, base.timeline, self.deadline))
+            variants = self._timed(lambda: _offloaded(problem, base.name, base.schedule, base.timeline, self.deadline,
+                                                      hidden_if_fits=True))
             self.built.extend(((*key, 1 + k), v) for k, v in enumerate(variants))
         return True
 
@@ -256,14 +260,19 @@ def _w_filled(problem: Problem, plain: Judged, cap: float = 1.0) -> Judged | Non
 
 
 def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline,
-               deadline: float | None = None) -> list[Judged]:
-    """The two offloaded variants; the hidden one is dropped when it cannot be placed by ``deadline``."""
+               deadline: float | None = None, hidden_if_fits: bool = False) -> list[Judged]:
+    """The two offloaded variants; the hidden one is dropped when it cannot be placed by ``deadline``,
+    and with ``hidden_if_fits`` when offloading everything peaks over 1.1 x the budget: hiding
+    offloads fewer, so it rarely fits then (on the grid it never did), and it is the slow one to
+    place (seconds at p = 24)."""
     pairs = offloadable(timeline)
     if not pairs:
         return []
     out = []
     hidden = lambda problem, schedule, pairs: add_hidden_offloads(problem, schedule, pairs, deadline)  # noqa: E731
     for suffix, place in (("offload", add_offloads), ("hidden-offload", hidden)):
+        if hidden_if_fits and out and out[0].timeline.peak > _HIDDEN_IF_UNDER * problem.memory.budget:
+            break
         try:
             placed = place(problem, schedule, pairs)
             if placed is None:
