@@ -223,3 +223,22 @@ def test_a_start_for_another_problem_says_so(small, tmp_path, capsys):
     other.write_text('{"format": "optpipe-schedule", "version": 1, "name": "x", "devices": [["F0:0"]]}')
     assert main(["compile", str(small), "--start", str(other), "--time-limit", "1"]) == 1
     assert "devices" in capsys.readouterr().err
+
+
+def test_a_tight_budget_builds_the_capped_list_schedule_before_the_repairs():
+    """Every fitting heuristic far slower than the fastest: the capped offloading schedule comes
+    first, and the repairs count it among the fitting ones; a looser budget is not tight."""
+    import time
+
+    from optpipe.solvers.compare import compare
+    from optpipe.solvers.compile import _early_starts, _tight
+
+    link = Offload(True, 100 / 1.5 * 1e3, 100 / 1.5 * 1e3, 10**9)
+    tight = uniform_problem(4, 8, v=2, act=100, keep=50, budget=300, offload=link)
+    entries = compare(tight)
+    assert _tight(tight, entries)
+    early = _early_starts(tight, entries, time.monotonic() + 10.0)
+    assert early[0].name.startswith("capped-offload(") and all(c.fits for c in early)
+    assert all(simulate(tight, c.schedule).makespan == c.makespan_ms for c in early)
+    loose = uniform_problem(4, 8, v=2, act=100, keep=50, budget=500, offload=link)
+    assert not _tight(loose, compare(loose))

@@ -78,3 +78,11 @@ def test_group_sizes_need_interleaved_chunks():
     single = uniform_problem(6, 12, v=1, act=100, keep=50, budget=400,
                              offload=Offload(True, 100 / 1.5 * 1e3, 100 / 1.5 * 1e3, 10**9))
     assert not any(c.name.startswith("GIS(g=") for c in warm_starts(single, compare(single)))
+
+
+def test_the_capped_list_schedule_can_be_left_to_compile():
+    """Under a tight budget compile builds the capped offloading schedule before the repairs;
+    warm starts then leave it out rather than build it twice."""
+    entries = compare(PROBLEM)
+    assert any(c.name.startswith("capped-offload(") for c in warm_starts(PROBLEM, entries))
+    assert not any(c.name.startswith("capped-offload(") for c in warm_starts(PROBLEM, entries, capped=False))
