@@ -40,12 +40,12 @@ from optpipe.core.simulate import Timeline, describe_fit, simulate
 from optpipe.core.units import format_size
 
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
+from .capped_offload import capped_offload_starts
 from .compare import Entry, applicable, best_fitting, compare
 from .milp import solve_milp
 from .registry import get_generator
 from .result import Judged, Progress, SolveResult, SolveStatus, fastest_fitting, gap
 from .recompute import mixed_neighbour, trade_for_offloads
-from .capped_offload import capped_offload_starts
 from .repair import repair_candidates
 from .timegrid import choose_grid
 from .warmstart import warm_starts
@@ -151,16 +151,15 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     if solver.startswith("heuristic:"):
         return _heuristic(problem, solver, entries, baseline, bound, began)
     end = began + time_limit_s
-    tight = _tight(problem, entries)
-    early = _early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s)) if tight else []
+    early = _early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
     warm_until = _warm_until(problem, began, time_limit_s)
     given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
     candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value,
-                                     capped=not tight) + early
+                                     capped=early is None) + (early or [])
     now = time.monotonic()
     if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
         repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
-        plain = {e.name for e in entries} if early else set()  # repaired already
+        plain = {e.name for e in entries} if early is not None else set()  # repaired already
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
                                         deadline=repair_until)
     both_solved, resolution = False, _mix_resolution(problem, solver)
@@ -220,14 +219,15 @@ def _tight(problem: Problem, entries: list[Entry]) -> bool:
     return fitting is None or fitting.timeline.makespan > _FAR_SLOWER * min(c.timeline.makespan for c in plain)
 
 
-def _early_starts(problem: Problem, entries: list[Entry], deadline: float) -> list[Judged]:
+def _early_starts(problem: Problem, entries: list[Entry], deadline: float) -> list[Judged] | None:
     """Under a tight budget, before the warm-start variants take their share: the capped
     offloading list schedule (capped_offload.py; about 2 s on the 7B-like problem, where at
     0.6x of PO-H's peak it gives 2,932.5 ms and PO-H repaired 3,654.0; skipped at p >= 24), then
     the nearly fitting heuristics repaired (repair.py; at p >= 24 one round of offloads often
-    makes PO-H fit, and the variants may take all the time there is)."""
-    if deadline - time.monotonic() <= _MIN_REPAIR_S:
-        return []
+    makes PO-H fit, and the variants may take all the time there is). None when the budget is not
+    tight or there is no time: the warm starts then build the capped schedule in their turn."""
+    if not _tight(problem, entries) or deadline - time.monotonic() <= _MIN_REPAIR_S:
+        return None
     capped = capped_offload_starts(problem, deadline)
     return capped + repair_candidates(problem, applicable(entries) + capped, deadline=deadline)
 

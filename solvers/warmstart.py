@@ -77,8 +77,9 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     tight budget).
     """
     build = _Build(problem, applicable(entries), deadline, bound_ms)
-    for step in (build.fill_fastest, *([build.capped] if capped else []), build.groups, build.fill_fitting, build.offload_each,
-                 build.fill_others, build.fill_looser):
+    steps = (build.fill_fastest, *([build.capped] if capped else []), build.groups, build.fill_fitting,
+             build.offload_each, build.fill_others, build.fill_looser)
+    for step in steps:
         if not step():
             break
     return build.done()

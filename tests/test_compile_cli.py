@@ -242,3 +242,4 @@ def test_a_tight_budget_builds_the_capped_list_schedule_before_the_repairs():
     assert all(simulate(tight, c.schedule).makespan == c.makespan_ms for c in early)
     loose = uniform_problem(4, 8, v=2, act=100, keep=50, budget=500, offload=link)
     assert not _tight(loose, compare(loose))
+    assert _early_starts(loose, compare(loose), time.monotonic() + 10.0) is None  # warm starts build it then
