@@ -59,8 +59,8 @@ _EPS = TOLERANCE_MS
 _MAX_EXACT_OPS_PER_DEVICE = 48
 # Of the time limit, at most, for building warm starts; from _WIDE devices on, where the window
 # search moves a start by well under 1% in 60 s (grid20, p = 24: 5,572.1 -> 5,556.6 ms) and the GIS
-# group sizes need about 9 s to give 5,447.5, the larger share. Below, the window search pays
-# (the 7B-like problem at 10 s: 2,463.9 ms at 0.8x of PO-H's peak with 0.3; 2,489.1 with 0.45).
+# group sizes need about 9 s to give 5,447.5, the larger share. Below, the share stays as it was:
+# the larger one was measured to pay only there.
 _WARM_SHARE, _WIDE_WARM_SHARE, _WIDE = 0.3, 0.45, 16
 _WARM_AFTER = 0.2  # ... or this much after the heuristics, when they took longer (within the limit)
 _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,

@@ -156,9 +156,8 @@ class _Build:
         PO-H repaired gives 3,106)."""
         if self.stop():
             return False
-        began = time.monotonic()
-        self.built += [((4, k), j) for k, j in enumerate(capped_offload_starts(self.problem, self.deadline))]
-        self.last_step = time.monotonic() - began
+        starts = self._timed(lambda: capped_offload_starts(self.problem, self.deadline))
+        self.built += [((4, k), j) for k, j in enumerate(starts)]
         return True
 
     def offload_each(self) -> bool:
@@ -168,10 +167,10 @@ class _Build:
         for n in self.fastest:
             if self.stop():
                 return False
-            plain, began = self.plain[n], time.monotonic()
-            self.built.extend(((2, n, k), v) for k, v in enumerate(_offloaded(self.problem, plain.name, plain.schedule,
-                                                                               plain.timeline, self.deadline)))
-            self.last_step = time.monotonic() - began
+            plain = self.plain[n]
+            variants = self._timed(lambda: _offloaded(self.problem, plain.name, plain.schedule, plain.timeline,
+                                                      self.deadline))
+            self.built.extend(((2, n, k), v) for k, v in enumerate(variants))
         return True
 
     def groups(self) -> bool:
@@ -212,6 +211,7 @@ class _Build:
         return True
 
     def _timed(self, build):
+        """``build()``, its length kept as the last step's (``stop`` counts it)."""
         began = time.monotonic()
         out = build()
         self.last_step = time.monotonic() - began
@@ -233,9 +233,7 @@ class _Build:
         return True
 
     def fill(self, rank: int, n: int, c: int) -> None:
-        began = time.monotonic()
-        self._fill(rank, n, c)
-        self.last_step = time.monotonic() - began
+        self._timed(lambda: self._fill(rank, n, c))
 
     def _fill(self, rank: int, n: int, c: int) -> None:
         problem = self.problem
