@@ -1,6 +1,6 @@
 """Analytic lower bounds: no schedule that fits can be faster, and no budget below this can fit.
 
-Makespan: the larger of two arguments, each valid for every schedule the simulator accepts.
+Makespan: the largest of three arguments, each valid for every schedule the simulator accepts.
 
 - Per device, a one-machine relaxation (Carlier's bound): every compute op of the device is a
   job with a release (the longest data path before it, counting p2p, and the fact that the
@@ -11,6 +11,10 @@ Makespan: the larger of two arguments, each valid for every schedule the simulat
   run (``_other_devices``). Jackson's preemptive schedule, largest tail first, solves the preemptive
   relaxation exactly; its max(completion + tail) is a bound. This covers per-device work and
   pipeline fill and drain at once.
+- What the budget forces at a device's two ends (``phases.py``): before its first backward it
+  runs only forwards, each holding its activation; after its last forward, until the same
+  microbatch's backward comes back, only what pending microbatches still hold on the device.
+  Where the budget holds few of them, the device idles there, whatever the order.
 - What the budget and the host link force: memory a device holds over time (bytes x ms) is at
   most budget x (makespan - the earliest its first forward can start). Each activation is held
   at least from F's start to B's end (its round trip through the later stages) plus its weight
@@ -46,6 +50,7 @@ from optpipe.core.units import format_size
 
 from .fill import memory_releases
 from .packing import packing_bound
+from .phases import phase_idle
 
 __all__ = [
     "Bound",
@@ -339,17 +344,23 @@ def _meet(least, budget: int, head: float, upper: float) -> float:
 
 
 def makespan_lower_bound(problem: Problem) -> Bound:
-    """The largest of the per-device relaxations and the memory-area bound."""
+    """The largest of the per-device relaxations, the idle the budget forces at a device's two
+    ends (phases.py) and the memory-area bound."""
     paths = data_paths(problem)
     best = Bound(0.0, "")
     for device in range(problem.devices):
+        busy = problem.microbatches * sum(duration_ms(problem, Op(kind, s, 0))
+                                          for s in problem.pipeline.stages_on(device) for kind in (_F, _BW))
         value = device_lower_bound(problem, device, paths, fitting=True)
         if value > best.value:
-            busy = sum(duration_ms(problem, Op(kind, s, 0))
-                       for s in problem.pipeline.stages_on(device) for kind in (_F, _BW))
             slowed = value > device_lower_bound(problem, device, paths) + _EPS_MS
-            best = Bound(value, f"device {device}: {busy * problem.microbatches:,.1f} ms of compute "
+            best = Bound(value, f"device {device}: {busy:,.1f} ms of compute "
                                 f"plus pipeline fill and drain" + (", the fill slowed by the budget" if slowed else ""))
+        ends = phase_idle(problem, device, paths.head)
+        if ends.value > best.value + _EPS_MS:
+            best = Bound(ends.value, f"device {device}: {busy:,.1f} ms of compute from {ends.start:,.1f} ms on, "
+                                     f"and the budget of {format_size(problem.memory.budget)} leaves it idle "
+                                     f"{ends.idle:,.1f} ms before its first backward and after its last forward")
     area = memory_area_bound(problem, paths)
     return area if area.value > best.value else best
 

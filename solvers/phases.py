@@ -1,0 +1,191 @@
+"""The idle the budget forces at the two ends of a device's run: before its first backward and
+after its last forward.
+
+Both arguments count a device's time: from its earliest start to the makespan it runs all its
+F, B and W (``work``), any recomputes, and is otherwise idle; so the makespan is at least
+``head + work + idle`` for any idle that must happen. Recomputes are extra work, never part of
+``work``, so they fill no idle that is counted here.
+
+- **Drain.** Let F(s, i) be the last forward the device starts, at t. It is a forward of the
+  device's highest stage s (a forward of a lower stage is followed on the device by the same
+  microbatch's forward of every higher stage), so every forward is done by t + F(s). From then
+  to the start of B(low, i) on the device's lowest stage passes at least the data path between
+  them (``span``: the round trip through the later stages, and back down through the device's
+  other stages). The device fills that window only with that microbatch's B and W on its other
+  stages and the B and W of pairs still pending at t. At t, memory holds F(s, i)'s whole
+  activation, the same microbatch's on every lower stage (its backward comes later still;
+  offloaded it may hold nothing) and, for each pending pair, its activation (B to come: ``a``,
+  recomputed its resident part, offloaded nothing) or its weight part (only W to come:
+  ``keep``). An offloaded pair's reload starts no earlier than t (started earlier it would hold
+  memory), and the device's reloads run one at a time, so the j-th ends no earlier than
+  t + j x reload. The most work the held pairs bring is a knapsack (relaxed to an LP, bounded
+  through its dual); with what the reloads allow, the rest of the window is idle.
+- **Warm-up.** Before the device's first backward (no earlier than the first microbatch's round
+  trip to its highest stage) it runs only forwards (and recomputes), and every one of them still
+  holds its activation then, unless its offload ended, and the offloads run one at a time after
+  the first forward. The forward work that fits is again a knapsack; the rest of that window is idle.
+
+The two windows do not overlap when the first backward starts before the last forward. If it
+does not, every forward of the device is started before any backward: without offload that
+needs room for all of them, which the budget refuses whenever a bound here counts; with
+offload, enough of them must have gone to the host first, one offload at a time, and the time
+before the last forward that those offloads take and the forwards cannot fill is idle in its
+place. The bound takes the smaller of the two cases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind
+from optpipe.core.semantics import duration_ms, stage_ms
+
+__all__ = ["PhaseIdle", "phase_idle"]
+
+_F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class PhaseIdle:
+    """A device's forced idle (ms) and the bound it gives."""
+
+    device: int
+    start: float  # the earliest any op of the device can start
+    warm_up: float  # idle before the first backward
+    drain: float  # idle after the last forward
+    idle: float  # drain + the warm-up idle (or, when smaller, case B's)
+    value: float  # start + work + idle
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One way a pending pair can be held: its bytes, and the counted work it can bring."""
+
+    bytes: float
+    work: float
+
+
+def _knapsack_dual(groups: list[tuple[int, list[_Item]]], capacity: float) -> float:
+    """An upper bound on the most work items of total bytes within ``capacity`` bring, at most
+    ``count`` items from each group: the LP relaxation's dual, min over a price p >= 0 of
+    p x capacity + sum count x max(0, best work - p x bytes). Any price gives a valid bound; the
+    least over the breakpoints is the LP's optimum."""
+    capacity = max(0.0, capacity)
+    prices = {0.0}
+    for _, items in groups:
+        for a in items:
+            if a.bytes > 0:
+                prices.add(a.work / a.bytes)
+            for b in items:
+                if a.bytes != b.bytes:
+                    price = (a.work - b.work) / (a.bytes - b.bytes)
+                    if price > 0:
+                        prices.add(price)
+
+    def dual(price: float) -> float:
+        return price * capacity + sum(count * max(0.0, max(a.work - price * a.bytes for a in items))
+                                      for count, items in groups if items)
+
+    return min(dual(price) for price in prices)
+
+
+def phase_idle(problem: Problem, device: int, head: dict) -> PhaseIdle:
+    """The forced idle of ``device`` and its bound; ``head``: each (kind, stage)'s earliest start
+    for one microbatch alone (bounds.data_paths)."""
+    pipe, memory, offload, recompute = problem.pipeline, problem.memory, problem.offload, problem.recompute
+    f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
+    m, budget = pipe.microbatches, memory.budget
+    stages = pipe.stages_on(device)
+    top = max(stages)
+    start = min(head[(_F, s)] for s in stages)
+    work = m * sum(f[s] + b[s] + w[s] for s in stages)
+    act, keep = memory.activation, memory.weight_activation
+    pending = {s: min(act[s], recompute.resident[s]) if recompute.enabled else act[s] for s in stages}
+    out_ms = min(duration_ms(problem, Op(_OFF, s, 0)) for s in stages) if offload.enabled else _INF
+    back_ms = min(duration_ms(problem, Op(_REL, s, 0)) for s in stages) if offload.enabled else _INF
+
+    low = min(stages)
+    span = head[(_B, low)] - head[(_F, top)] - f[top]  # from the last forward's end to B(low)'s start
+    drain = _drain_idle(problem, stages, top, span, pending, back_ms)
+    warm = _warm_idle(problem, stages, head[(_B, top)] - start, pending, out_ms)
+    # Case B: every forward before the first backward. At the last forward's start the device
+    # holds every pair it has not offloaded; with offload the offloads that make room end first.
+    pairs = m * len(stages)
+    room = _most_pairs(stages, pending, m, budget - act[top])
+    must_go = max(0, pairs - 1 - room)
+    if must_go == 0:
+        case_b = 0.0
+    elif offload.enabled:
+        forwards = m * sum(f[s] for s in stages)
+        case_b = max(0.0, min(f[s] for s in stages) + must_go * out_ms - (forwards - f[top]))
+    else:
+        case_b = _INF
+    idle = drain + min(warm, case_b)
+    return PhaseIdle(device, start, warm, drain, idle, start + work + idle)
+
+
+def _drain_idle(problem: Problem, stages: tuple[int, ...], top: int, span: float,
+                pending: dict[int, int], back_ms: float) -> float:
+    """Idle between the last forward's end and the start of the same microbatch's B on the
+    device's lowest stage, at least ``span`` later. In between the device runs that
+    microbatch's B (and perhaps W) on its other stages, and pending pairs' B and W."""
+    memory, m = problem.memory, problem.microbatches
+    f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
+    act, keep = memory.activation, memory.weight_activation
+    # the running forward's whole activation, and the same microbatch's on every lower stage
+    capacity = memory.budget - act[top]
+    for s in stages:
+        if s != top:
+            capacity -= 0.0 if problem.offload.enabled else pending[s]
+    groups = []
+    for s in stages:
+        items = [_Item(keep[s], w[s])]
+        items.append(_Item(pending[s], b[s] + w[s]))
+        groups.append((m - 1, items))
+    held = _knapsack_dual(groups, capacity)
+    low = min(stages)
+    window = span - sum(b[s] + w[s] for s in stages if s != low)
+    reloaded = 0.0
+    if problem.offload.enabled:
+        most = max(b[s] + w[s] for s in stages)
+        j = 1
+        while j <= len(stages) * m and f[top] + span - j * back_ms > 0 and held + reloaded < window:
+            reloaded += min(most, f[top] + span - j * back_ms)
+            j += 1
+    return max(0.0, window - held - reloaded)
+
+
+def _warm_idle(problem: Problem, stages: tuple[int, ...], window: float, pending: dict[int, int],
+               out_ms: float) -> float:
+    """Idle before the first backward, which starts no earlier than ``window`` after the device's start."""
+    m = problem.microbatches
+    f = stage_ms(problem, _F)
+    groups = [(m, [_Item(pending[s], f[s])]) for s in stages]
+    held = _knapsack_dual(groups, problem.memory.budget)
+    if not problem.offload.enabled:
+        return max(0.0, window - held)
+    # The n-th offload ends no earlier than the first forward's end plus n offloads; each frees
+    # room for at most one more forward. The window may run longer than its least length: take
+    # the least idle over every length from there on (at the offload ends, where it drops).
+    first, most, pairs = min(f[s] for s in stages), max(f[s] for s in stages), m * len(stages)
+
+    # Offload counts are rounded up (a generous 1e-6 of an offload), so rounding never adds idle.
+    n = min(pairs, max(0, math.floor((window - first) / out_ms + 1e-6)))
+    idles = [window - held - n * most]
+    idles += [first + k * out_ms - held - k * most for k in (n + 1, pairs) if n < k]
+    return max(0.0, min(idles))
+
+
+def _most_pairs(stages: tuple[int, ...], pending: dict[int, int], m: int, room: int) -> int:
+    """How many pairs (at most m - 1 of the top stage's, m of the others') fit in ``room`` at once."""
+    count = 0
+    for s in sorted(stages, key=lambda s: pending[s]):
+        size = pending[s]
+        limit = m - 1 if s == max(stages) else m
+        take = limit if size <= 0 else min(limit, max(0, room) // size)
+        count += take
+        room -= take * size
+    return count

@@ -1,0 +1,116 @@
+"""The idle a budget forces before a device's first backward and after its last forward
+(solvers/phases.py): tight where a schedule meets it, and never above an optimum (issue 11).
+
+Every case here is one where this bound is above every other analytic bound, so each check
+tests this argument and no other. Without offload and recompute, CP-SAT's optimum is the
+optimum over all schedules (design.md: renaming by rank keeps every wait and the peak), so a
+bound above it would be wrong; the analytic bound is taken out of CP-SAT's model first, since
+the model uses it as a floor.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, Recompute
+from optpipe.core.problem_file import load_problem
+from optpipe.core.simulate import simulate
+from optpipe.solvers import cpsat
+from optpipe.solvers.bounds import Bound, data_paths, device_lower_bound, makespan_lower_bound, memory_area_bound
+from optpipe.solvers.phases import phase_idle
+from optpipe.solvers.registry import generate
+from optpipe.solvers.result import SolveStatus
+
+from conftest import PROBLEM_DIR, examples
+from test_bound_proofs import _BOTH, brute_force
+
+_EPS = 1e-6
+
+
+def _phase(problem: Problem) -> float:
+    head = data_paths(problem).head
+    return max(phase_idle(problem, d, head).value for d in range(problem.devices))
+
+
+def _others(problem: Problem) -> float:
+    paths = data_paths(problem)
+    return max(max(device_lower_bound(problem, d, paths, fitting=True) for d in range(problem.devices)),
+               memory_area_bound(problem, paths).value)
+
+
+def test_zero_bubble_h1_is_optimal_on_the_zero_bubble_profile():
+    """p = 8, m = 32, 8 activations of budget, no offload: device 0 holds 8 forwards (148 ms)
+    before the first backward can come back (283.1 ms), and after its last forward pending
+    microbatches bring at most 7 x 27.4 ms into the 264.6 ms round trip. ZB-H1 idles exactly
+    that long: it is optimal, and compile proves it at once."""
+    problem = load_problem(PROBLEM_DIR / "zb15b-p8-m32.toml")
+    zb = simulate(problem, generate("ZB-H1", problem))
+    ends = phase_idle(problem, 0, data_paths(problem).head)
+    assert ends.warm_up == pytest.approx(283.1 - 8 * 18.5)
+    assert ends.drain == pytest.approx(264.6 - 7 * 27.4)
+    assert zb.fits and ends.value == pytest.approx(zb.makespan)
+    assert makespan_lower_bound(problem).value == pytest.approx(zb.makespan)
+    assert "before its first backward" in makespan_lower_bound(problem).reason
+    assert _others(problem) < zb.makespan - 70
+
+
+def _problem(p, v, placement, m, f, b, w, act, keep, budget, offload=None, recompute=None) -> Problem:
+    return Problem("phases", Pipeline(p, v, placement, m), Costs(f, b, w, 0.0), Memory(act, keep, budget),
+                   offload or Offload(), recompute or Recompute())
+
+
+_I, _V = Placement.INTERLEAVED, Placement.VSHAPE
+# (problem, CP-SAT's optimum): found by a seeded search for problems where this bound is the largest.
+OPTIMA = [
+    (_problem(3, 1, _I, 4, (2.0, 2.0, 2.0), (2.0, 1.0, 2.0), (2.0, 2.0, 1.0), (100, 80, 80), (90, 8, 40), 200), 32.0),
+    (_problem(3, 1, _I, 3, (2.0, 3.0, 2.0), (3.0, 1.0, 2.0), (1.0, 2.0, 1.0), (100, 100, 80), (50, 10, 40), 200), 28.0),
+    (_problem(2, 2, _I, 3, (2.0, 2.0, 3.0, 1.0), (2.0, 3.0, 3.0, 3.0), (2.0, 2.0, 1.0, 1.0), (100, 80, 100, 80),
+              (50, 72, 90, 8), 300), 45.0),
+    (_problem(3, 2, _V, 4, (1.0, 2.0, 1.0, 1.0, 1.0, 1.0), (1.0, 3.0, 3.0, 3.0, 2.0, 1.0), (1.0, 1.0, 2.0, 1.0, 1.0, 1.0),
+              (100, 100, 100, 100, 80, 80), (10, 10, 50, 50, 8, 8), 300), 53.0),
+    (_problem(2, 2, _I, 4, (2.0, 3.0, 2.0, 1.0), (3.0, 1.0, 1.0, 1.0), (1.0, 1.0, 2.0, 2.0), (100, 80, 100, 80),
+              (50, 40, 90, 72), 400, Offload(True, 1e4, 1e4, 10**9)), 45.0),
+]
+
+
+@pytest.mark.parametrize("problem, optimum", OPTIMA, ids=[f"case{k}" for k in range(len(OPTIMA))])
+def test_never_above_the_cpsat_optimum(problem, optimum, monkeypatch):
+    monkeypatch.setattr(cpsat, "makespan_lower_bound", lambda problem: Bound(0.0, "none"))
+    result = cpsat.solve_cpsat(problem, time_limit_s=20.0, workers=1, seed=0)
+    assert result.status is SolveStatus.OPTIMAL and result.makespan_ms == pytest.approx(optimum)
+    assert _others(problem) < _phase(problem) <= optimum + _EPS
+
+
+def test_tight_where_a_schedule_meets_it():
+    """Case 0: 32 ms, what CP-SAT proves optimal, is what the bound says."""
+    problem, optimum = OPTIMA[0]
+    assert _phase(problem) == pytest.approx(optimum)
+
+
+_costs = st.sampled_from([1.0, 2.0, 3.0])
+
+
+@settings(max_examples=examples(60, ci=12), deadline=None)
+@given(f=st.tuples(_costs, _costs), b=st.tuples(_costs, _costs), w=st.tuples(st.sampled_from([0.5, 1.0, 2.0]), _costs),
+       keep=st.tuples(st.sampled_from([10, 50, 90]), st.sampled_from([10, 50, 90])),
+       budget=st.sampled_from([100, 140, 150, 190, 200]), fate=st.sampled_from(["keep", "offload", "recompute"]),
+       bandwidth=st.sampled_from([2e4, 5e4, 4e5]))
+def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, fate, bandwidth):
+    """p = 2, m = 2: every schedule the simulator accepts, listed (test_bound_proofs.py), with
+    stage 0's activations kept, offloaded or recomputed in every combination."""
+    offload = Offload(True, bandwidth, bandwidth, 10**9) if fate == "offload" else None
+    recompute = Recompute(True, f, (20, 20)) if fate == "recompute" else None
+    problem = _problem(2, 1, _I, 2, f, b, w, (100, 100), keep, budget, offload, recompute)
+    free = {} if fate == "keep" else {(0, i): ("keep", fate) if fate == "recompute" else _BOTH for i in range(2)}
+    brute = brute_force(problem, free)
+    if brute.schedule is not None:
+        assert _phase(problem) <= brute.makespan_ms + _EPS, brute.schedule.to_text()
+
+
+def test_offload_fast_enough_leaves_no_forced_idle():
+    """zb15b at half the budget offloads in 18.3 ms, less than a forward: memory holds nothing back."""
+    problem = load_problem(PROBLEM_DIR / "zb15b-p8-m32-half.toml")
+    head = data_paths(problem).head
+    assert all(phase_idle(problem, d, head).idle == 0.0 for d in range(problem.devices))
