@@ -68,6 +68,48 @@ class _Item:
     work: float
 
 
+_NODES = 5000  # choices the exact knapsack may try before the LP's bound is taken instead
+
+
+def _most_work(groups: list[tuple[int, list[_Item]]], capacity: float) -> float:
+    """The most work whole items of total bytes within ``capacity`` bring, at most ``count``
+    from each group: exact when few items fit (pairs are whole), else the LP's bound."""
+    capacity = max(0.0, capacity)
+    if any(len(items) > 2 or any(item.bytes <= 0 for item in items) for _, items in groups):
+        return _knapsack_dual(groups, capacity)
+    # what the groups from k on can bring at most: each pair its best work, each byte the best rate
+    rate = [max(item.work / item.bytes for item in items) for _, items in groups]
+    most = [count * max(item.work for item in items) for count, items in groups]
+    best, nodes = 0.0, 0
+
+    def visit(k: int, room: float, work: float) -> None:
+        nonlocal best, nodes
+        if k == len(groups):
+            best = max(best, work)
+            return
+        if work + min(sum(most[k:]), room * max(rate[k:])) <= best:
+            return
+        nodes += 1
+        if nodes > _NODES:
+            raise OverflowError
+        count, items = groups[k]
+        first, second = items[0], items[1] if len(items) > 1 else None
+        for n in range(min(count, int(room // first.bytes)), -1, -1):
+            left = room - n * first.bytes
+            if second is None:
+                visit(k + 1, left, work + n * first.work)
+                continue
+            top = min(count - n, int(left // second.bytes))
+            for extra in (range(top, -1, -1) if k + 1 < len(groups) else (top,)):
+                visit(k + 1, left - extra * second.bytes, work + n * first.work + extra * second.work)
+
+    try:
+        visit(0, capacity, 0.0)
+    except OverflowError:
+        return _knapsack_dual(groups, capacity)
+    return best
+
+
 def _knapsack_dual(groups: list[tuple[int, list[_Item]]], capacity: float) -> float:
     """An upper bound on the most work items of total bytes within ``capacity`` bring, at most
     ``count`` items from each group: the LP relaxation's dual, min over a price p >= 0 of
@@ -145,7 +187,7 @@ def _drain_idle(problem: Problem, stages: tuple[int, ...], top: int, span: float
         items = [_Item(keep[s], w[s])]
         items.append(_Item(pending[s], b[s] + w[s]))
         groups.append((m - 1, items))
-    held = _knapsack_dual(groups, capacity)
+    held = _most_work(groups, capacity)
     low = min(stages)
     window = span - sum(b[s] + w[s] for s in stages if s != low)
     reloaded = 0.0
@@ -164,7 +206,7 @@ def _warm_idle(problem: Problem, stages: tuple[int, ...], window: float, pending
     m = problem.microbatches
     f = stage_ms(problem, _F)
     groups = [(m, [_Item(pending[s], f[s])]) for s in stages]
-    held = _knapsack_dual(groups, problem.memory.budget)
+    held = _most_work(groups, problem.memory.budget)
     if not problem.offload.enabled:
         return max(0.0, window - held)
     # The n-th offload ends no earlier than the first forward's end plus n offloads; each frees

@@ -10,6 +10,8 @@ the model uses it as a floor.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,7 +21,7 @@ from optpipe.core.problem_file import load_problem
 from optpipe.core.simulate import simulate
 from optpipe.solvers import cpsat
 from optpipe.solvers.bounds import Bound, data_paths, device_lower_bound, makespan_lower_bound, memory_area_bound
-from optpipe.solvers.phases import phase_idle
+from optpipe.solvers.phases import _Item, _knapsack_dual, _most_work, phase_idle
 from optpipe.solvers.registry import generate
 from optpipe.solvers.result import SolveStatus
 
@@ -114,3 +116,26 @@ def test_offload_fast_enough_leaves_no_forced_idle():
     problem = load_problem(PROBLEM_DIR / "zb15b-p8-m32-half.toml")
     head = data_paths(problem).head
     assert all(phase_idle(problem, d, head).idle == 0.0 for d in range(problem.devices))
+
+
+_item = st.builds(lambda size, work: _Item(size, work), st.integers(1, 120), st.floats(0.5, 30.0))
+
+
+@settings(max_examples=examples(300, ci=60), deadline=None)
+@given(groups=st.lists(st.tuples(st.integers(0, 4), st.lists(_item, min_size=1, max_size=2)), min_size=1, max_size=3),
+       capacity=st.integers(0, 400))
+def test_the_knapsack_is_the_best_whole_choice(groups, capacity):
+    """Every way to take whole items, listed: _most_work finds the best, and the LP's bound is above it."""
+    choices = []
+    for count, items in groups:
+        options = [(0, 0.0)]
+        for n in range(count + 1):
+            for extra in range(count - n + 1 if len(items) > 1 else 1):
+                if n or extra:
+                    size = n * items[0].bytes + (extra * items[1].bytes if extra else 0)
+                    options.append((size, n * items[0].work + (extra * items[1].work if extra else 0.0)))
+        choices.append(options)
+    best = max((sum(w for _, w in pick) for pick in itertools.product(*choices)
+                if sum(size for size, _ in pick) <= capacity), default=0.0)
+    assert _most_work(groups, capacity) == pytest.approx(best)
+    assert _knapsack_dual(groups, capacity) >= best - 1e-9
