@@ -356,7 +356,7 @@ def makespan_lower_bound(problem: Problem) -> Bound:
             slowed = value > device_lower_bound(problem, device, paths) + _EPS_MS
             best = Bound(value, f"device {device}: {busy:,.1f} ms of compute "
                                 f"plus pipeline fill and drain" + (", the fill slowed by the budget" if slowed else ""))
-        ends = phase_idle(problem, device, paths.head)
+        ends = phase_idle(problem, device, paths.head, paths.tail)
         if ends.value > best.value + _EPS_MS:
             best = Bound(ends.value, f"device {device}: {busy:,.1f} ms of compute from {ends.start:,.1f} ms on, "
                                      f"and the budget of {format_size(problem.memory.budget)} leaves it idle "

@@ -1,5 +1,5 @@
-"""The idle the budget forces at the two ends of a device's run: before its first backward and
-after its last forward.
+"""The idle the budget forces at the ends of a device's run: before its first backward, after
+its last forward and after its last backward.
 
 Both arguments count a device's time: from its earliest start to the makespan it runs all its
 F, B and W (``work``), any recomputes, and is otherwise idle; so the makespan is at least
@@ -25,7 +25,14 @@ F, B and W (``work``), any recomputes, and is otherwise idle; so the makespan is
   holds its activation then, unless its offload ended, and the offloads run one at a time after
   the first forward. The forward work that fits is again a knapsack; the rest of that window is idle.
 
-The two windows do not overlap when the first backward starts before the last forward. If it
+- **Last backward.** The device's last backward is on its lowest stage (the same reason), and
+  after it ends the makespan is still at least that stage's tail away (the backward passes
+  below it, on other devices, and W). All F and B are done by then: only W passes are left, and
+  each holds its pair's weight part (``keep``) until it ends, offloaded or not. What fits in
+  the budget at once is a knapsack again; the rest of the tail is idle.
+
+The last window begins after the drain's ends (the drain's microbatch has a backward on the
+lowest stage too). The first two do not overlap when the first backward starts before the last forward. If it
 does not, every forward of the device is started before any backward: without offload that
 needs room for all of them, which the budget refuses whenever a bound here counts; with
 offload, enough of them must have gone to the host first, one offload at a time, and the time
@@ -56,7 +63,8 @@ class PhaseIdle:
     start: float  # the earliest any op of the device can start
     warm_up: float  # idle before the first backward
     drain: float  # idle after the last forward
-    idle: float  # drain + the warm-up idle (or, when smaller, case B's)
+    last: float  # idle after the last backward
+    idle: float  # drain + last + the warm-up idle (or, when smaller, case B's)
     value: float  # start + work + idle
 
 
@@ -134,9 +142,9 @@ def _knapsack_dual(groups: list[tuple[int, list[_Item]]], capacity: float) -> fl
     return min(dual(price) for price in prices)
 
 
-def phase_idle(problem: Problem, device: int, head: dict) -> PhaseIdle:
-    """The forced idle of ``device`` and its bound; ``head``: each (kind, stage)'s earliest start
-    for one microbatch alone (bounds.data_paths)."""
+def phase_idle(problem: Problem, device: int, head: dict, tail: dict) -> PhaseIdle:
+    """The forced idle of ``device`` and its bound; ``head`` and ``tail``: each (kind, stage)'s
+    earliest start and least time after its end, for one microbatch alone (bounds.data_paths)."""
     pipe, memory, offload, recompute = problem.pipeline, problem.memory, problem.offload, problem.recompute
     f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
     m, budget = pipe.microbatches, memory.budget
@@ -152,6 +160,7 @@ def phase_idle(problem: Problem, device: int, head: dict) -> PhaseIdle:
     low = min(stages)
     span = head[(_B, low)] - head[(_F, top)] - f[top]  # from the last forward's end to B(low)'s start
     drain = _drain_idle(problem, stages, top, span, pending, back_ms)
+    last = _last_idle(problem, stages, tail[(_B, low)])
     warm = _warm_idle(problem, stages, head[(_B, top)] - start, pending, out_ms)
     # Case B: every forward before the first backward. At the last forward's start the device
     # holds every pair it has not offloaded; with offload the offloads that make room end first.
@@ -165,8 +174,8 @@ def phase_idle(problem: Problem, device: int, head: dict) -> PhaseIdle:
         case_b = max(0.0, min(f[s] for s in stages) + must_go * out_ms - (forwards - f[top]))
     else:
         case_b = _INF
-    idle = drain + min(warm, case_b)
-    return PhaseIdle(device, start, warm, drain, idle, start + work + idle)
+    idle = drain + last + min(warm, case_b)
+    return PhaseIdle(device, start, warm, drain, last, idle, start + work + idle)
 
 
 def _drain_idle(problem: Problem, stages: tuple[int, ...], top: int, span: float,
@@ -198,6 +207,15 @@ def _drain_idle(problem: Problem, stages: tuple[int, ...], top: int, span: float
             reloaded += min(most, f[top] + span - j * back_ms)
             j += 1
     return max(0.0, window - held - reloaded)
+
+
+def _last_idle(problem: Problem, stages: tuple[int, ...], after: float) -> float:
+    """Idle after the device's last backward, whose end leaves at least ``after`` to the makespan:
+    only W passes are left to run, and each holds its weight part until it ends."""
+    memory, m = problem.memory, problem.microbatches
+    w = stage_ms(problem, _W)
+    groups = [(m, [_Item(memory.weight_activation[s], w[s])]) for s in stages]
+    return max(0.0, after - _most_work(groups, memory.budget))
 
 
 def _warm_idle(problem: Problem, stages: tuple[int, ...], window: float, pending: dict[int, int],

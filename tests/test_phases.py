@@ -1,5 +1,5 @@
-"""The idle a budget forces before a device's first backward and after its last forward
-(solvers/phases.py): tight where a schedule meets it, and never above an optimum (issue 11).
+"""The idle a budget forces before a device's first backward and after its last forward and
+its last backward (solvers/phases.py): tight where a schedule meets it, and never above an optimum (issue 11).
 
 Every case here is one where this bound is above every other analytic bound, so each check
 tests this argument and no other. Without offload and recompute, CP-SAT's optimum is the
@@ -32,8 +32,8 @@ _EPS = 1e-6
 
 
 def _phase(problem: Problem) -> float:
-    head = data_paths(problem).head
-    return max(phase_idle(problem, d, head).value for d in range(problem.devices))
+    paths = data_paths(problem)
+    return max(phase_idle(problem, d, paths.head, paths.tail).value for d in range(problem.devices))
 
 
 def _others(problem: Problem) -> float:
@@ -49,7 +49,8 @@ def test_zero_bubble_h1_is_optimal_on_the_zero_bubble_profile():
     that long: it is optimal, and compile proves it at once."""
     problem = load_problem(PROBLEM_DIR / "zb15b-p8-m32.toml")
     zb = simulate(problem, generate("ZB-H1", problem))
-    ends = phase_idle(problem, 0, data_paths(problem).head)
+    paths = data_paths(problem)
+    ends = phase_idle(problem, 0, paths.head, paths.tail)
     assert ends.warm_up == pytest.approx(283.1 - 8 * 18.5)
     assert ends.drain == pytest.approx(264.6 - 7 * 27.4)
     assert zb.fits and ends.value == pytest.approx(zb.makespan)
@@ -111,11 +112,18 @@ def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, fate, bandwi
         assert _phase(problem) <= brute.makespan_ms + _EPS, brute.schedule.to_text()
 
 
-def test_offload_fast_enough_leaves_no_forced_idle():
-    """zb15b at half the budget offloads in 18.3 ms, less than a forward: memory holds nothing back."""
+def test_offload_frees_the_ends_but_not_the_weight_parts():
+    """zb15b at half the budget offloads in 18.3 ms, less than a forward: the warm-up and the
+    drain need not idle. But after the last device's last B, the 7 B passes below it and W(0)
+    take 140.2 ms, and only W passes are left for it: each holds its 209.4 MiB weight part on
+    the device, so 7 of them (65.1 ms) fit in 1675 MiB, and 75.1 ms stay idle."""
     problem = load_problem(PROBLEM_DIR / "zb15b-p8-m32-half.toml")
-    head = data_paths(problem).head
-    assert all(phase_idle(problem, d, head).idle == 0.0 for d in range(problem.devices))
+    paths = data_paths(problem)
+    ends = [phase_idle(problem, d, paths.head, paths.tail) for d in range(problem.devices)]
+    assert all(e.warm_up == 0.0 and e.drain == 0.0 for e in ends)
+    assert ends[7].last == pytest.approx(7 * 18.1 + 7 * 0.6 + 9.3 - 7 * 9.3)
+    assert makespan_lower_bound(problem).value == pytest.approx(133.7 + 32 * 45.9 + ends[7].last)
+    assert _others(problem) < ends[7].value - 70
 
 
 _item = st.builds(lambda size, work: _Item(size, work), st.integers(1, 120), st.floats(0.5, 30.0))
