@@ -358,9 +358,12 @@ def makespan_lower_bound(problem: Problem) -> Bound:
                                 f"plus pipeline fill and drain" + (", the fill slowed by the budget" if slowed else ""))
         ends = phase_idle(problem, device, paths.head, paths.tail)
         if ends.value > best.value + _EPS_MS:
+            where = [f"{ms:,.1f} ms {when}" for ms, when in ((ends.idle - ends.drain - ends.last, "before its first backward"),
+                                                           (ends.drain, "after its last forward"),
+                                                           (ends.last, "after its last backward")) if ms > _EPS_MS]
             best = Bound(ends.value, f"device {device}: {busy:,.1f} ms of compute from {ends.start:,.1f} ms on, "
                                      f"and the budget of {format_size(problem.memory.budget)} leaves it idle "
-                                     f"{ends.idle:,.1f} ms before its first backward and after its last forward")
+                                     + ", ".join(where))
     area = memory_area_bound(problem, paths)
     return area if area.value > best.value else best
 

@@ -28,8 +28,9 @@ F, B and W (``work``), any recomputes, and is otherwise idle; so the makespan is
 - **Last backward.** The device's last backward is on its lowest stage (the same reason), and
   after it ends the makespan is still at least that stage's tail away (the backward passes
   below it, on other devices, and W). All F and B are done by then: only W passes are left, and
-  each holds its pair's weight part (``keep``) until it ends, offloaded or not. What fits in
-  the budget at once is a knapsack again; the rest of the tail is idle.
+  each holds its pair's weight part (``keep``) until it ends, offloaded or not. When the last
+  backward starts, its own pair still holds its whole activation, so the W passes left are its
+  own and those whose weight parts fit beside it: a knapsack again; the rest of the tail is idle.
 
 The last window begins after the drain's ends (the drain's microbatch has a backward on the
 lowest stage too). The first two do not overlap when the first backward starts before the last forward. If it
@@ -211,11 +212,15 @@ def _drain_idle(problem: Problem, stages: tuple[int, ...], top: int, span: float
 
 def _last_idle(problem: Problem, stages: tuple[int, ...], after: float) -> float:
     """Idle after the device's last backward, whose end leaves at least ``after`` to the makespan:
-    only W passes are left to run, and each holds its weight part until it ends."""
+    only W passes are left to run, and each holds its weight part until it ends. When that
+    backward starts it holds its own pair's whole activation, so the W passes deferred past it
+    are its own and those whose weight parts fit beside that activation."""
     memory, m = problem.memory, problem.microbatches
     w = stage_ms(problem, _W)
-    groups = [(m, [_Item(memory.weight_activation[s], w[s])]) for s in stages]
-    return max(0.0, after - _most_work(groups, memory.budget))
+    low = min(stages)
+    groups = [(m - 1 if s == low else m, [_Item(memory.weight_activation[s], w[s])]) for s in stages]
+    deferred = w[low] + _most_work(groups, memory.budget - memory.activation[low])
+    return max(0.0, after - deferred)
 
 
 def _warm_idle(problem: Problem, stages: tuple[int, ...], window: float, pending: dict[int, int],

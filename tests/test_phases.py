@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, Recompute
 from optpipe.core.problem_file import load_problem
+from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
 from optpipe.solvers import cpsat
 from optpipe.solvers.bounds import Bound, data_paths, device_lower_bound, makespan_lower_bound, memory_area_bound
@@ -75,6 +76,11 @@ OPTIMA = [
               (100, 100, 100, 100, 80, 80), (10, 10, 50, 50, 8, 8), 300), 53.0),
     (_problem(2, 2, _I, 4, (2.0, 3.0, 2.0, 1.0), (3.0, 1.0, 1.0, 1.0), (1.0, 1.0, 2.0, 2.0), (100, 80, 100, 80),
               (50, 40, 90, 72), 400, Offload(True, 1e4, 1e4, 10**9)), 45.0),
+    # the last backward's window binds
+    (_problem(3, 1, _I, 4, (1.0, 1.0, 2.0), (2.0, 2.0, 3.0), (1.0, 1.0, 1.0), (100, 80, 100), (50, 72, 90), 200,
+              Offload(True, 4e5, 1e5, 10**9)), 29.0),
+    (_problem(3, 1, _I, 4, (1.0, 2.0, 2.0), (2.0, 3.0, 3.0), (3.0, 2.0, 2.0), (100, 100, 100), (50, 90, 50), 200,
+              Offload(True, 1e5, 4e5, 10**9)), 33.0),
 ]
 
 
@@ -115,15 +121,38 @@ def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, fate, bandwi
 def test_offload_frees_the_ends_but_not_the_weight_parts():
     """zb15b at half the budget offloads in 18.3 ms, less than a forward: the warm-up and the
     drain need not idle. But after the last device's last B, the 7 B passes below it and W(0)
-    take 140.2 ms, and only W passes are left for it: each holds its 209.4 MiB weight part on
-    the device, so 7 of them (65.1 ms) fit in 1675 MiB, and 75.1 ms stay idle."""
+    take 140.2 ms, and only W passes are left for it: its own, and those whose 209.4 MiB weight
+    parts fit beside the last B's 418.9 MiB activation in 1675 MiB (5 of them), 55.8 ms in all."""
     problem = load_problem(PROBLEM_DIR / "zb15b-p8-m32-half.toml")
     paths = data_paths(problem)
     ends = [phase_idle(problem, d, paths.head, paths.tail) for d in range(problem.devices)]
     assert all(e.warm_up == 0.0 and e.drain == 0.0 for e in ends)
-    assert ends[7].last == pytest.approx(7 * 18.1 + 7 * 0.6 + 9.3 - 7 * 9.3)
+    assert ends[7].last == pytest.approx(7 * 18.1 + 7 * 0.6 + 9.3 - 6 * 9.3)
     assert makespan_lower_bound(problem).value == pytest.approx(133.7 + 32 * 45.9 + ends[7].last)
     assert _others(problem) < ends[7].value - 70
+
+
+# Compiled once (60 s): its makespan is the bound, so both are optimal. Device 3 ends with
+# B3:7 and the three W passes whose weight parts fit beside B3:7's activation.
+BALANCED_TIGHT_OPTIMUM = Schedule.from_text("optimum", """
+d0: F0:0 OFF0:0 F0:1 OFF0:1 F0:2 OFF0:2 F0:3 OFF0:3 F0:4 OFF0:4 F0:5 OFF0:5 F0:6 OFF0:6 REL0:0 REL0:1 B0:0 W0:0 REL0:2 B0:1 W0:1 F0:7 OFF0:7 B0:2 REL0:3 W0:2 B0:3 REL0:4 W0:3 B0:4 REL0:5 W0:4 B0:5 REL0:6 W0:5 B0:6 REL0:7 W0:6 B0:7 W0:7
+d1: F1:0 OFF1:0 F1:1 OFF1:1 F1:2 OFF1:2 F1:3 OFF1:3 F1:4 OFF1:4 F1:5 OFF1:5 REL1:0 B1:0 REL1:1 B1:1 W1:0 F1:6 OFF1:6 W1:1 REL1:2 F1:7 OFF1:7 B1:2 REL1:3 W1:2 B1:3 REL1:4 W1:3 B1:4 REL1:5 W1:4 B1:5 REL1:6 W1:5 B1:6 REL1:7 W1:6 B1:7 W1:7
+d2: F2:0 OFF2:0 F2:1 OFF2:1 F2:2 OFF2:2 F2:3 OFF2:3 REL2:0 REL2:1 B2:0 B2:1 F2:4 OFF2:4 W2:0 F2:5 OFF2:5 W2:1 REL2:2 F2:6 OFF2:6 B2:2 REL2:3 W2:2 REL2:4 B2:3 B2:4 F2:7 OFF2:7 W2:3 REL2:5 B2:5 REL2:6 W2:4 B2:6 REL2:7 W2:5 B2:7 W2:6 W2:7
+d3: F3:0 B3:0 F3:1 B3:1 F3:2 B3:2 W3:0 W3:1 F3:3 B3:3 W3:2 F3:4 B3:4 W3:3 F3:5 B3:5 W3:4 F3:6 B3:6 F3:7 B3:7 W3:5 W3:6 W3:7
+""")
+
+
+def test_the_last_backward_holds_its_activation_beside_the_deferred_weight_parts():
+    """p = 4, m = 8, F = B = W = 20, budget 458 MiB: after device 3's last B, 81.5 ms of backward
+    passes below it and W(0); beside B's 228.9 MiB activation only two 114.4 MiB weight parts
+    fit, so three W passes (60 ms) are left and 21.5 ms are idle: 61.5 + 480 + 21.5 = 563 ms,
+    which this schedule takes."""
+    problem = load_problem(PROBLEM_DIR / "balanced-p4-m8-tight.toml")
+    timeline = simulate(problem, BALANCED_TIGHT_OPTIMUM)
+    assert timeline.fits and timeline.makespan == pytest.approx(563.0)
+    paths = data_paths(problem)
+    assert phase_idle(problem, 3, paths.head, paths.tail).last == pytest.approx(81.5 - 60.0)
+    assert makespan_lower_bound(problem).value == pytest.approx(563.0)
 
 
 _item = st.builds(lambda size, work: _Item(size, work), st.integers(1, 120), st.floats(0.5, 30.0))
