@@ -18,6 +18,7 @@ from optpipe.core.problem_file import load_problem
 from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import At, Place, effects, holds, spec, waits
 from optpipe.core.simulate import simulate, start_times
+from optpipe.solvers.bounds import Bound
 from optpipe.solvers.compare import compare
 from optpipe.solvers.cpsat import solve_cpsat
 from optpipe.solvers.milp import solve_milp
@@ -166,6 +167,8 @@ def test_compile_drops_a_broken_answer_with_a_warning(monkeypatch):
         raise InternalError("the CP-SAT schedule re-simulates over the memory budget")
 
     monkeypatch.setattr(compile_module, "_run", broken)
+    # a bound that no warm start meets, so that compile runs the (broken) solver
+    monkeypatch.setattr(compile_module, "makespan_lower_bound", lambda problem: Bound(0.0, "none"))
     problem = _tiny()
     compiled = compile_module.compile_problem(problem, time_limit_s=2, workers=1)
     assert compiled.judged.fits and compiled.warnings
