@@ -11,10 +11,11 @@ Makespan: the largest of three arguments, each valid for every schedule the simu
   run (``_other_devices``). Jackson's preemptive schedule, largest tail first, solves the preemptive
   relaxation exactly; its max(completion + tail) is a bound. This covers per-device work and
   pipeline fill and drain at once.
-- What the budget forces at a device's two ends (``phases.py``): before its first backward it
-  runs only forwards, each holding its activation; after its last forward, until the same
-  microbatch's backward comes back, only what pending microbatches still hold on the device.
-  Where the budget holds few of them, the device idles there, whatever the order.
+- What the budget forces at a device's ends (``phases.py``): before its first backward it runs
+  only forwards, each holding its activation; after its last forward, until the same
+  microbatch's backward comes back, only what pending microbatches still hold on the device;
+  after its last backward only deferred W passes, whose weight parts stay on the device. Where
+  the budget holds few of them, the device idles there, whatever the order.
 - What the budget and the host link force: memory a device holds over time (bytes x ms) is at
   most budget x (makespan - the earliest its first forward can start). Each activation is held
   at least from F's start to B's end (its round trip through the later stages) plus its weight
@@ -344,8 +345,8 @@ def _meet(least, budget: int, head: float, upper: float) -> float:
 
 
 def makespan_lower_bound(problem: Problem) -> Bound:
-    """The largest of the per-device relaxations, the idle the budget forces at a device's two
-    ends (phases.py) and the memory-area bound."""
+    """The largest of the per-device relaxations, the idle the budget forces at a device's ends
+    (phases.py) and the memory-area bound."""
     paths = data_paths(problem)
     best = Bound(0.0, "")
     for device in range(problem.devices):
@@ -358,7 +359,7 @@ def makespan_lower_bound(problem: Problem) -> Bound:
                                 f"plus pipeline fill and drain" + (", the fill slowed by the budget" if slowed else ""))
         ends = phase_idle(problem, device, paths.head, paths.tail)
         if ends.value > best.value + _EPS_MS:
-            where = [f"{ms:,.1f} ms {when}" for ms, when in ((ends.idle - ends.drain - ends.last, "before its first backward"),
+            where = [f"{ms:,.1f} ms {when}" for ms, when in ((ends.warm_up, "before its first backward"),
                                                            (ends.drain, "after its last forward"),
                                                            (ends.last, "after its last backward")) if ms > _EPS_MS]
             best = Bound(ends.value, f"device {device}: {busy:,.1f} ms of compute from {ends.start:,.1f} ms on, "

@@ -58,15 +58,22 @@ _INF = float("inf")
 
 @dataclass(frozen=True)
 class PhaseIdle:
-    """A device's forced idle (ms) and the bound it gives."""
+    """A device's forced idle (ms) in each window, and the bound it gives."""
 
     device: int
     start: float  # the earliest any op of the device can start
-    warm_up: float  # idle before the first backward
+    work: float  # its F, B and W
+    warm_up: float  # idle before the first backward (or, where smaller, case B's before the last forward)
     drain: float  # idle after the last forward
     last: float  # idle after the last backward
-    idle: float  # drain + last + the warm-up idle (or, when smaller, case B's)
-    value: float  # start + work + idle
+
+    @property
+    def idle(self) -> float:
+        return self.warm_up + self.drain + self.last
+
+    @property
+    def value(self) -> float:
+        return self.start + self.work + self.idle
 
 
 @dataclass(frozen=True)
@@ -175,8 +182,7 @@ def phase_idle(problem: Problem, device: int, head: dict, tail: dict) -> PhaseId
         case_b = max(0.0, min(f[s] for s in stages) + must_go * out_ms - (forwards - f[top]))
     else:
         case_b = _INF
-    idle = drain + last + min(warm, case_b)
-    return PhaseIdle(device, start, warm, drain, last, idle, start + work + idle)
+    return PhaseIdle(device, start, work, min(warm, case_b), drain, last)
 
 
 def _drain_idle(problem: Problem, stages: tuple[int, ...], top: int, span: float,
