@@ -167,9 +167,9 @@ def phase_idle(problem: Problem, device: int, head: dict, tail: dict) -> PhaseId
 
     low = min(stages)
     span = head[(_B, low)] - head[(_F, top)] - f[top]  # from the last forward's end to B(low)'s start
-    drain = _drain_idle(problem, stages, top, span, pending, back_ms)
-    last = _last_idle(problem, stages, tail[(_B, low)])
-    warm = _warm_idle(problem, stages, head[(_B, top)] - start, pending, out_ms)
+    drain = _drain_idle(problem, (f, b, w), stages, span, pending, back_ms)
+    last = _last_idle(problem, w, stages, tail[(_B, low)])
+    warm = _warm_idle(problem, f, stages, head[(_B, top)] - start, pending, out_ms)
     # Case B: every forward before the first backward. At the last forward's start the device
     # holds every pair it has not offloaded; with offload the offloads that make room end first.
     pairs = m * len(stages)
@@ -185,26 +185,21 @@ def phase_idle(problem: Problem, device: int, head: dict, tail: dict) -> PhaseId
     return PhaseIdle(device, start, work, min(warm, case_b), drain, last)
 
 
-def _drain_idle(problem: Problem, stages: tuple[int, ...], top: int, span: float,
+def _drain_idle(problem: Problem, costs: tuple[tuple[float, ...], ...], stages: tuple[int, ...], span: float,
                 pending: dict[int, int], back_ms: float) -> float:
     """Idle between the last forward's end and the start of the same microbatch's B on the
     device's lowest stage, at least ``span`` later. In between the device runs that
     microbatch's B (and perhaps W) on its other stages, and pending pairs' B and W."""
     memory, m = problem.memory, problem.microbatches
-    f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
-    act, keep = memory.activation, memory.weight_activation
+    f, b, w = costs
+    keep = memory.weight_activation
+    top, low = max(stages), min(stages)
     # the running forward's whole activation, and the same microbatch's on every lower stage
-    capacity = memory.budget - act[top]
-    for s in stages:
-        if s != top:
-            capacity -= 0.0 if problem.offload.enabled else pending[s]
-    groups = []
-    for s in stages:
-        items = [_Item(keep[s], w[s])]
-        items.append(_Item(pending[s], b[s] + w[s]))
-        groups.append((m - 1, items))
+    capacity = memory.budget - memory.activation[top]
+    if not problem.offload.enabled:
+        capacity -= sum(pending[s] for s in stages if s != top)
+    groups = [(m - 1, [_Item(keep[s], w[s]), _Item(pending[s], b[s] + w[s])]) for s in stages]
     held = _most_work(groups, capacity)
-    low = min(stages)
     window = span - sum(b[s] + w[s] for s in stages if s != low)
     reloaded = 0.0
     if problem.offload.enabled:
@@ -216,24 +211,22 @@ def _drain_idle(problem: Problem, stages: tuple[int, ...], top: int, span: float
     return max(0.0, window - held - reloaded)
 
 
-def _last_idle(problem: Problem, stages: tuple[int, ...], after: float) -> float:
+def _last_idle(problem: Problem, w: tuple[float, ...], stages: tuple[int, ...], after: float) -> float:
     """Idle after the device's last backward, whose end leaves at least ``after`` to the makespan:
     only W passes are left to run, and each holds its weight part until it ends. When that
     backward starts it holds its own pair's whole activation, so the W passes deferred past it
     are its own and those whose weight parts fit beside that activation."""
     memory, m = problem.memory, problem.microbatches
-    w = stage_ms(problem, _W)
     low = min(stages)
     groups = [(m - 1 if s == low else m, [_Item(memory.weight_activation[s], w[s])]) for s in stages]
     deferred = w[low] + _most_work(groups, memory.budget - memory.activation[low])
     return max(0.0, after - deferred)
 
 
-def _warm_idle(problem: Problem, stages: tuple[int, ...], window: float, pending: dict[int, int],
-               out_ms: float) -> float:
+def _warm_idle(problem: Problem, f: tuple[float, ...], stages: tuple[int, ...], window: float,
+               pending: dict[int, int], out_ms: float) -> float:
     """Idle before the first backward, which starts no earlier than ``window`` after the device's start."""
     m = problem.microbatches
-    f = stage_ms(problem, _F)
     groups = [(m, [_Item(pending[s], f[s])]) for s in stages]
     held = _most_work(groups, problem.memory.budget)
     if not problem.offload.enabled:
