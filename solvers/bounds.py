@@ -58,6 +58,7 @@ __all__ = [
     "Paths",
     "data_paths",
     "makespan_lower_bound",
+    "device_jobs",
     "device_lower_bound",
     "memory_area_bound",
     "memory_lower_bound",
@@ -235,6 +236,12 @@ def _jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
         else:
             best = max(best, time - neg_q)
     return best
+
+
+def device_jobs(problem: Problem, paths: Paths, device: int) -> list[tuple[float, float, float]]:
+    """(release, duration, tail) of the device's j-th F, B and W of each stage in time order, for
+    schedules that fit: per stage, per j, F then B then W (device_relax.py reads them so)."""
+    return _jobs(problem, paths, device, True)
 
 
 def device_lower_bound(problem: Problem, device: int, paths: Paths | None = None, *, fitting: bool = False) -> float:

@@ -99,7 +99,7 @@ def _stop_when_stalled(solver: cp_model.CpSolver, callback: _Progress, stall_s: 
 def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule | None = None,
                 seed: int = 0, workers: int | None = None, resolution_ms: float | None = None,
                 on_progress: Callable[[Progress], None] | None = None, stall_s: float | None = None,
-                mixes_only: bool = False, stall_from_start: bool = False) -> SolveResult:
+                mixes_only: bool = False, stall_from_start: bool = False, floor_ms: float = 0.0) -> SolveResult:
     """Minimise the makespan over the whole problem; returns what the simulator says of the result.
 
     A fitting hint (the best fitting heuristic, usually) is given to CP-SAT complete and bounds
@@ -108,12 +108,12 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 60.0, hint: Schedule 
     clock runs from the start, so a search that finds no first solution (not even the hint's)
     in that time ends too. ``mixes_only`` searches only schedules that both offload and
     recompute (Model.require_both); its bound proves nothing about the others, so none is
-    reported.
+    reported. ``floor_ms``: a bound proved elsewhere (device_relax.py), used like the analytic one.
     """
     began = time.monotonic()
     # data
     grid = choose_grid(problem, resolution_ms)
-    analytic = makespan_lower_bound(problem).value
+    analytic = max(makespan_lower_bound(problem).value, floor_ms)
     hinted = simulate(problem, hint) if hint is not None else None
     values = model_values(problem, grid, hint) if hinted is not None and hinted.fits else None
     horizon = _safe_horizon(problem, grid)
