@@ -27,6 +27,17 @@ larger numbers is larger). Memory and residency are counts, so the numbered sche
 solution of this model with the same makespan: the model's optimum, and any bound CP-SAT proves
 on it, is at most the optimum of the real problem.
 
+Only the last K ranks (``last``), for larger problems: every compute op stays, but memory counts
+only the last K forwards, backward passes, W passes, offloads and reloads of each stage by time,
+and the k-th reload from the end must end before the k-th backward from the end starts (each
+reload ends before its own backward). Counted from the end, a stage's bytes at t are what the
+events after t give back; with c the number of events of a kind after t, the truncation replaces
+each c by min(K, c), and max(0, c - K) is convex and nondecreasing, so with B ends after t at
+least the F starts and the reloads after t, and B ends plus offload ends at least F starts plus
+reloads (each pair still to finish is resident, on the host or not yet started), the truncated
+level is at most the real one (likewise with W ends). What is lost: the link from a forward to
+its offload, and the residency count; the level may dip below zero.
+
 Times are whole units of the grid below, every duration, delay, release and tail rounded down
 and starts taken down to the unit: a fitting schedule's floored times still satisfy every
 constraint (floor(a + b) >= floor(a) + floor(b); a reservoir at a unit counts the events before
@@ -72,13 +83,21 @@ _UNITS = 200_000  # the upper bound in about this many units: rounding down cost
 # that much less time, ended at 616.1 ms against 601.2 without it; at 72 (grid04, p = 6, v = 2,
 # m = 12) it proves nothing above the analytic bound in 5 s a device.
 _MAX_OPS_PER_DEVICE = 36
+# Above that, memory and transfers only for each kind's last _LAST ranks (``last``): p = 4, v = 2,
+# m = 8 (48 ops) proves 535.4 ms against the analytic 508.0 (586.3 found), grid08 (48) proves
+# all its devices in about a second each, and at 144 (grid14) it proves nothing above the
+# analytic bound.
+_MAX_LAST_OPS, _LAST = 72, 4
 _FIRST_ROUND_S = 1.0
 
 
 def relaxation_applies(problem: Problem) -> bool:
     """Small enough for CP-SAT to prove something in seconds; recompute is not modelled."""
-    pipe = problem.pipeline
-    return not problem.recompute.enabled and 3 * pipe.chunks_per_device * pipe.microbatches <= _MAX_OPS_PER_DEVICE
+    return not problem.recompute.enabled and _ops(problem) <= _MAX_LAST_OPS
+
+
+def _ops(problem: Problem) -> int:
+    return 3 * problem.pipeline.chunks_per_device * problem.pipeline.microbatches
 
 
 def relaxation_bound(problem: Problem, *, upper_ms: float, floor: Bound, time_limit_s: float,
@@ -113,8 +132,9 @@ def relaxation_bound(problem: Problem, *, upper_ms: float, floor: Bound, time_li
 def _solve(problem: Problem, device: int, jobs, paths, upper_ms: float, time_limit_s: float, workers, seed: int,
            best: Bound, open_: dict[int, float]) -> Bound:
     """``best`` raised by ``device``'s relaxation; ``open_`` records it when not proved."""
+    last = None if _ops(problem) <= _MAX_OPS_PER_DEVICE else _LAST
     relaxed = relaxed_device_bound(problem, device, jobs, paths.head, upper_ms=upper_ms, time_limit_s=time_limit_s,
-                                   workers=workers, seed=seed)
+                                   workers=workers, seed=seed, last=last)
     if relaxed is None:
         open_[device] = upper_ms
         return best
@@ -129,13 +149,15 @@ def _solve(problem: Problem, device: int, jobs, paths, upper_ms: float, time_lim
 
 def relaxed_device_bound(problem: Problem, device: int, jobs: list[tuple[float, float, float]],
                          head: dict, *, upper_ms: float, time_limit_s: float = 1.0,
-                         workers: int | None = None, seed: int = 0) -> Relaxed | None:
+                         workers: int | None = None, seed: int = 0, last: int | None = None) -> Relaxed | None:
     """What CP-SAT proves for ``device``'s relaxed problem within the time limit, or None when
     it finds no solution.
 
     ``jobs``: bounds.device_jobs, (release, duration, tail) per stage, microbatch rank and kind
     F, B, W. ``head``: data_paths' earliest starts. ``upper_ms``: the makespan of a schedule
-    that fits; the relaxation's optimum is no later, so it is a safe horizon.
+    that fits; the relaxation's optimum is no later, so it is a safe horizon. ``last``: memory
+    and transfers of each kind's last ``last`` ranks only (the module docstring says why that
+    is still a proof); None: all of them.
     """
     if problem.recompute.enabled or upper_ms <= 0:
         return None
@@ -150,16 +172,21 @@ def relaxed_device_bound(problem: Problem, device: int, jobs: list[tuple[float, 
     _data_paths(problem, cp, ops, stages, m, head, down)
     events: list[tuple] = []  # (time, bytes, active) of the device's memory
     one = cp.new_constant(1)
+    first = 0 if last is None else max(0, m - last)
     for s in stages:
         act, keep = memory.activation[s], memory.weight_activation[s]
-        for k in range(m):
+        for k in range(first, m):
             events += [(ops[(_F, s, k)][0], act, one), (ops[(_B, s, k)][1], -(act - keep), one),
                        (ops[(_W, s, k)][1], -keep, one)]
     if problem.offload.enabled:
-        events += _offload(problem, cp, ops, stages, m, down, horizon)
+        if first:
+            events += _offload_last(problem, cp, ops, stages, m, first, down, horizon)
+        else:
+            events += _offload(problem, cp, ops, stages, m, down, horizon)
     events = [e for e in events if e[1]]
+    low = 0 if not first else -sum(e[1] for e in events if e[1] > 0)
     cp.add_reservoir_constraint_with_active([e[0] for e in events], [e[1] for e in events],
-                                            [e[2] for e in events], 0, memory.budget)
+                                            [e[2] for e in events], low, memory.budget)
     cp.minimize(makespan)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
@@ -235,6 +262,35 @@ def _offload(problem: Problem, cp: cp_model.CpModel, ops: dict, stages, m: int, 
             previous = (present, off_end, rel_end)
         cp.add_reservoir_constraint_with_active([r[0] for r in resident], [r[1] for r in resident],
                                                 [r[2] for r in resident], 0, m)
+    for kind in (_OFF, _REL):
+        cp.add_no_overlap(channels[kind])
+    return events
+
+
+def _offload_last(problem: Problem, cp: cp_model.CpModel, ops: dict, stages, m: int, first: int, down,
+                  horizon: int) -> list[tuple]:
+    """The last offloads and reloads of each stage (ranks first..m-1 from the end): the k-th
+    from the end of the reloads ends before the k-th from the end of the backward passes starts."""
+    channels: dict[OpKind, list] = {_OFF: [], _REL: []}
+    events = []
+    for s in stages:
+        act = problem.memory.activation[s]
+        length = {kind: down(duration_ms(problem, Op(kind, s, 0))) for kind in (_OFF, _REL)}
+        later = None
+        for k in range(m - 1, first - 1, -1):
+            present = cp.new_bool_var(f"offloaded{s}:{k}")
+            start = {kind: cp.new_int_var(0, horizon, f"{kind.name}{s}:{k}") for kind in (_OFF, _REL)}
+            for kind in (_OFF, _REL):
+                channels[kind].append(cp.new_optional_fixed_size_interval_var(start[kind], length[kind], present, ""))
+            off_end, rel_end = start[_OFF] + length[_OFF], start[_REL] + length[_REL]
+            cp.add(start[_REL] >= off_end).only_enforce_if(present)
+            cp.add(rel_end <= ops[(_B, s, k)][0]).only_enforce_if(present)
+            if later is not None:
+                cp.add_implication(present, later[0])
+                cp.add(later[1] >= off_end).only_enforce_if(present)
+                cp.add(later[2] >= rel_end).only_enforce_if(present)
+            events += [(off_end, -act, present), (start[_REL], act, present)]
+            later = (present, start[_OFF], start[_REL])
     for kind in (_OFF, _REL):
         cp.add_no_overlap(channels[kind])
     return events
