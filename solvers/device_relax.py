@@ -68,9 +68,12 @@ from optpipe.core.units import format_size
 
 from .bounds import Bound, data_paths, device_jobs, device_lower_bound
 
-__all__ = ["relaxation_applies", "relaxation_bound", "relaxed_device_bound"]
+__all__ = ["Relaxed", "relaxation_applies", "relaxation_bound", "relaxed_device_bound"]
+
 
 class Relaxed(NamedTuple):
+    """What CP-SAT said of one device's relaxation."""
+
     bound_ms: float  # proved: no schedule of the relaxation is faster
     found_ms: float  # the fastest schedule of the relaxation found
     optimal: bool
@@ -78,10 +81,10 @@ class Relaxed(NamedTuple):
 
 _F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
 _UNITS = 200_000  # the upper bound in about this many units: rounding down costs < 0.01%
-# CP-SAT proves the relaxation of p = 4, v = 2, m = 4 (24 compute ops a device) in seconds; at 48
-# (grid08, p = 8, m = 16) it raised nothing in compile's quarter of 60 s, and the search, with
-# that much less time, ended at 616.1 ms against 601.2 without it; at 72 (grid04, p = 6, v = 2,
-# m = 12) it proves nothing above the analytic bound in 5 s a device.
+# CP-SAT proves the whole relaxation of p = 4, v = 2, m = 4 (24 compute ops a device) in seconds;
+# at 48 (grid08, p = 8, m = 16) it proved nothing in compile's quarter of 60 s, and the search,
+# with that much less time, ended at 616.1 ms where it reaches about 600; at 72 (grid04, p = 6,
+# v = 2, m = 12) it proves nothing above the analytic bound in 5 s a device.
 _MAX_OPS_PER_DEVICE = 36
 # Above that, memory and transfers only for each kind's last _LAST ranks (``last``): p = 4, v = 2,
 # m = 8 (48 ops) proves 535.4 ms against the analytic 508.0 (586.3 found), grid08 (48) proves
