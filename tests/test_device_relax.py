@@ -40,6 +40,7 @@ def _tight_case():
     return generated(99, 4, 2, 4, 0.3, 1.6, seed=1)
 
 
+@pytest.mark.slow  # 5 to 18 s on 2 cores; CI runs the last-ranks form below (about 1 s)
 def test_proves_what_a_tight_budget_and_a_slow_link_force():
     """Device 3 (stages 3 and 7) holds stage 3's activations through a round trip of about 80 ms
     and can offload them only at about 26 ms each way: every order of it needs 359.1 ms, where the
@@ -74,7 +75,7 @@ def test_compile_reports_the_relaxed_bound_and_solves_from_it(monkeypatch):
     assert compiled.lower_bound_ms == 359.0 and compiled.lower_bound_reason == "device 3: relaxed"
 
 
-@pytest.mark.parametrize("last", [None, 1, 2], ids=["all", "last1", "last2"])
+@pytest.mark.parametrize("last", [None, 1], ids=["all", "last1"])
 @pytest.mark.parametrize("problem, optimum", OPTIMA, ids=[f"case{k}" for k in range(len(OPTIMA))])
 def test_never_above_a_cpsat_optimum(problem, optimum, last):
     """A schedule of that makespan fits, so no bound may exceed it, with all ranks or the last few."""
@@ -95,7 +96,7 @@ def test_the_last_ranks_prove_more_than_the_analytic_bounds_at_m_8():
 _costs = st.sampled_from([1.0, 2.0, 3.0])
 
 
-@settings(max_examples=examples(60, ci=12), deadline=None)
+@settings(max_examples=examples(60, ci=8), deadline=None)
 @given(f=st.tuples(_costs, _costs), b=st.tuples(_costs, _costs), w=st.tuples(st.sampled_from([0.5, 1.0, 2.0]), _costs),
        keep=st.tuples(st.sampled_from([10, 50, 90]), st.sampled_from([10, 50, 90])),
        budget=st.sampled_from([100, 140, 150, 190, 200]), offload=st.booleans(),
