@@ -182,10 +182,7 @@ def relaxed_device_bound(problem: Problem, device: int, jobs: list[tuple[float, 
             events += [(ops[(_F, s, k)][0], act, one), (ops[(_B, s, k)][1], -(act - keep), one),
                        (ops[(_W, s, k)][1], -keep, one)]
     if problem.offload.enabled:
-        if first:
-            events += _offload_last(problem, cp, ops, stages, m, first, down, horizon)
-        else:
-            events += _offload(problem, cp, ops, stages, m, down, horizon)
+        events += _offload(problem, cp, ops, stages, m, first, down, horizon)
     events = [e for e in events if e[1]]
     low = 0 if not first else -sum(e[1] for e in events if e[1] > 0)
     cp.add_reservoir_constraint_with_active([e[0] for e in events], [e[1] for e in events],
@@ -235,10 +232,15 @@ def _data_paths(problem: Problem, cp: cp_model.CpModel, ops: dict, stages, m: in
                     cp.add(ops[(_B, s, k)][0] >= ops[(_B, t, k)][1] + down(head[(_B, s)] - head[(_B, t)] - b[t]))
 
 
-def _offload(problem: Problem, cp: cp_model.CpModel, ops: dict, stages, m: int, down, horizon: int) -> list[tuple]:
-    """Per stage and rank an optional offload and its reload (the k-th only with the (k-1)-th),
-    each channel one at a time, and a backward only beside a resident activation of its stage.
-    Returns the memory events of the transfers."""
+def _offload(problem: Problem, cp: cp_model.CpModel, ops: dict, stages, m: int, first: int, down,
+             horizon: int) -> list[tuple]:
+    """An optional offload and its reload per stage and rank from ``first`` on, each channel one
+    at a time and each kind numbered by start; returns their memory events.
+
+    With every rank (``first`` 0) the offloaded ranks are the first ones, the k-th offload starts
+    after the k-th forward ends, and a backward runs only beside a resident activation of its
+    stage. With the last ranks only, the offloaded ranks are the last ones and the k-th reload
+    from the end ends before the k-th backward from the end starts."""
     channels: dict[OpKind, list] = {_OFF: [], _REL: []}
     events = []
     one = cp.new_constant(1)
@@ -246,54 +248,30 @@ def _offload(problem: Problem, cp: cp_model.CpModel, ops: dict, stages, m: int, 
         act = problem.memory.activation[s]
         length = {kind: down(duration_ms(problem, Op(kind, s, 0))) for kind in (_OFF, _REL)}
         resident = []  # (time, change, active): forwards ended - offloads started + reloads ended - backwards started
-        previous = None
-        for k in range(m):
+        previous = None  # (present, offload end, reload end) of the rank before
+        for k in range(first, m):
             present = cp.new_bool_var(f"offloaded{s}:{k}")
             start = {kind: cp.new_int_var(0, horizon, f"{kind.name}{s}:{k}") for kind in (_OFF, _REL)}
             for kind in (_OFF, _REL):
                 channels[kind].append(cp.new_optional_fixed_size_interval_var(start[kind], length[kind], present, ""))
             off_end, rel_end = start[_OFF] + length[_OFF], start[_REL] + length[_REL]
-            cp.add(start[_OFF] >= ops[(_F, s, k)][1]).only_enforce_if(present)
             cp.add(start[_REL] >= off_end).only_enforce_if(present)
+            if first:
+                cp.add(rel_end <= ops[(_B, s, k)][0]).only_enforce_if(present)
+            else:
+                cp.add(start[_OFF] >= ops[(_F, s, k)][1]).only_enforce_if(present)
+                resident += [(ops[(_F, s, k)][1], 1, one), (start[_OFF], -1, present), (rel_end, 1, present),
+                             (ops[(_B, s, k)][0], -1, one)]
             if previous is not None:
-                cp.add_implication(present, previous[0])
-                cp.add(start[_OFF] >= previous[1]).only_enforce_if(present)
-                cp.add(start[_REL] >= previous[2]).only_enforce_if(present)
+                earlier, later = (present, previous[0]) if not first else (previous[0], present)
+                cp.add_implication(earlier, later)  # offloaded: a prefix of the ranks, or a suffix
+                cp.add(start[_OFF] >= previous[1]).only_enforce_if([present, previous[0]])
+                cp.add(start[_REL] >= previous[2]).only_enforce_if([present, previous[0]])
             events += [(off_end, -act, present), (start[_REL], act, present)]
-            resident += [(ops[(_F, s, k)][1], 1, one), (start[_OFF], -1, present), (rel_end, 1, present),
-                         (ops[(_B, s, k)][0], -1, one)]
             previous = (present, off_end, rel_end)
-        cp.add_reservoir_constraint_with_active([r[0] for r in resident], [r[1] for r in resident],
-                                                [r[2] for r in resident], 0, m)
-    for kind in (_OFF, _REL):
-        cp.add_no_overlap(channels[kind])
-    return events
-
-
-def _offload_last(problem: Problem, cp: cp_model.CpModel, ops: dict, stages, m: int, first: int, down,
-                  horizon: int) -> list[tuple]:
-    """The last offloads and reloads of each stage (ranks first..m-1 from the end): the k-th
-    from the end of the reloads ends before the k-th from the end of the backward passes starts."""
-    channels: dict[OpKind, list] = {_OFF: [], _REL: []}
-    events = []
-    for s in stages:
-        act = problem.memory.activation[s]
-        length = {kind: down(duration_ms(problem, Op(kind, s, 0))) for kind in (_OFF, _REL)}
-        later = None
-        for k in range(m - 1, first - 1, -1):
-            present = cp.new_bool_var(f"offloaded{s}:{k}")
-            start = {kind: cp.new_int_var(0, horizon, f"{kind.name}{s}:{k}") for kind in (_OFF, _REL)}
-            for kind in (_OFF, _REL):
-                channels[kind].append(cp.new_optional_fixed_size_interval_var(start[kind], length[kind], present, ""))
-            off_end, rel_end = start[_OFF] + length[_OFF], start[_REL] + length[_REL]
-            cp.add(start[_REL] >= off_end).only_enforce_if(present)
-            cp.add(rel_end <= ops[(_B, s, k)][0]).only_enforce_if(present)
-            if later is not None:
-                cp.add_implication(present, later[0])
-                cp.add(later[1] >= off_end).only_enforce_if(present)
-                cp.add(later[2] >= rel_end).only_enforce_if(present)
-            events += [(off_end, -act, present), (start[_REL], act, present)]
-            later = (present, start[_OFF], start[_REL])
+        if resident:
+            cp.add_reservoir_constraint_with_active([r[0] for r in resident], [r[1] for r in resident],
+                                                    [r[2] for r in resident], 0, m)
     for kind in (_OFF, _REL):
         cp.add_no_overlap(channels[kind])
     return events
