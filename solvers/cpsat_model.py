@@ -64,6 +64,7 @@ class Model(Variables):
         super().__init__(problem, grid, scope, horizon)  # data, variables
         # constraints, in the order CP-SAT has always been given them (it steers its search)
         self._precedence()
+        self._chains()
         self.follow_preds = self._follow_order()
         self._no_overlap()
         memory = add_memory(self)
@@ -99,6 +100,13 @@ class Model(Variables):
                 constraint = self.cp.add(rule)
                 if present is not True:
                     constraint.only_enforce_if(present)
+
+    def _chains(self) -> None:
+        """Window ops held in their list order (a neighbourhood that frees only some microbatches):
+        each starts after the one before it ends; the free ops may go anywhere between them."""
+        for chain in self.scope.chains:
+            for before, after in zip(chain, chain[1:]):
+                self.cp.add(self.start[after] >= self.end_of(before))
 
     def _follow_order(self) -> dict[Op, Reasons]:
         """Ops after the window keep their list order: each waits for its device predecessor, its

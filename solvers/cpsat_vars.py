@@ -47,6 +47,7 @@ class Scope:
     t0: int = 0  # the window's start: fixed memory that ends before it is left out
     rest: tuple[int, ...] = ()  # per device, compute units after the window; empty: minimise makespan
     follow: tuple[tuple[Op, ...], ...] = ()  # per device, ops after the window in list order: re-timed, not reordered
+    chains: tuple[tuple[Op, ...], ...] = ()  # compute ops of the window that keep their order: free ops go between
 
     @property
     def window(self) -> bool:

@@ -119,11 +119,14 @@ def _model_op(problem: Problem, grid: Grid, op: Op, start: float) -> list[tuple[
 
 
 def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: float,
-           t2: float, free: frozenset[int] | None = None) -> tuple[Scope, dict[Op, int]]:
+           t2: float, free: frozenset[int] | None = None,
+           microbatches: range | None = None) -> tuple[Scope, dict[Op, int]]:
     """The window [t0, t1), re-timed ops up to t2, as a model scope; and the hint (current starts).
 
     With ``free``, only those devices' ops in the window are free; the other devices' ops there
-    keep their list order and are re-timed, like the ops after the window.
+    keep their list order and are re-timed, like the ops after the window. With
+    ``microbatches``, the other microbatches' ops in the window keep their list order and their
+    offload decisions (``Scope.chains``); the free ops may go anywhere between them.
     """
     pipe = problem.pipeline
     region = _regions(timeline, t0, t1, t2)
@@ -148,12 +151,24 @@ def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: floa
             elif op.kind in COMPUTE_KINDS:
                 rest[t.device] += grid.up(duration_ms(problem, op))
     pairs = frozenset((op.stage, op.microbatch) for op in window if op.kind is _F
-                      and Op(_B, op.stage, op.microbatch) in window) if problem.offload.enabled else frozenset()
+                      and Op(_B, op.stage, op.microbatch) in window
+                      and (microbatches is None or op.microbatch in microbatches)) if problem.offload.enabled else frozenset()
     compute = frozenset(op for op in window if op.kind in COMPUTE_KINDS)
     transfers = frozenset(op for op in window if op.kind in (_OFF, _REL) and (op.stage, op.microbatch) not in pairs)
+    chains = () if microbatches is None else tuple(_held(problem, timeline, grid, window, microbatches))
     scope = Scope(compute=compute, open_pairs=pairs, offloaded=offloaded - pairs, transfers=transfers,
-                  fixed=fixed, t0=grid.down(t0), rest=tuple(rest), follow=tuple(tuple(ops) for ops in follow))
+                  fixed=fixed, t0=grid.down(t0), rest=tuple(rest), follow=tuple(tuple(ops) for ops in follow),
+                  chains=chains)
     return scope, inside
+
+
+def _held(problem: Problem, timeline: Timeline, grid: Grid, window: set[Op], microbatches: range) -> list[tuple[Op, ...]]:
+    """Per device, the window's compute ops of the other microbatches in list order (model terms)."""
+    chains: list[list[Op]] = [[] for _ in range(problem.devices)]
+    for t in timeline.timings:
+        if t.op.kind in COMPUTE_KINDS and t.op.microbatch not in microbatches:
+            chains[t.device] += [op for op, _ in _model_op(problem, grid, t.op, t.start) if op in window]
+    return [tuple(chain) for chain in chains if len(chain) > 1]
 
 
 def _splice(problem: Problem, timeline: Timeline, scope: Scope, modelled: frozenset[Op], solved: dict[Op, int],
@@ -347,7 +362,8 @@ class _Context:
             if hood is None:
                 self._moves(state, min(deadline, time.monotonic() + _MOVES_S))
                 continue
-            scope, inside = _scope(problem, state.timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices)
+            scope, inside = _scope(problem, state.timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices,
+                                   hood.microbatches)
             state.solved += 1
             state.tries[hood.kind] = state.tries.get(hood.kind, 0) + 1
             if not scope.compute:

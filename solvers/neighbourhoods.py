@@ -18,7 +18,11 @@ Kinds, each a different shape of the same model:
 - ``device``: one device over four times as long a slice: its offload decisions and its order
   over a long microbatch range, the others re-timed;
 - ``idle``: a slice centred on one of the longest idle gaps of a device, chosen at random
-  among the longest: where the time is lost.
+  among the longest: where the time is lost;
+- ``microbatches``: a few consecutive microbatches over four times as long a slice, on every
+  device, the other microbatches' ops there re-timed in their order: a group's forwards and
+  backwards move past many others at once, which changes how many microbatches are in flight
+  (the warm-up's depth, a wave of GIS) where single swaps only trade memory for time.
 
 The chooser is a pure function of the timeline, the kind, the size and a seeded ``random``:
 the same seed gives the same neighbourhoods.
@@ -38,7 +42,7 @@ __all__ = ["Neighbourhood", "KINDS", "choose", "sweep"]
 
 _EPS = TOLERANCE_MS
 _INF = float("inf")
-KINDS = ("sweep", "warm-up", "cool-down", "devices", "idle", "device")
+KINDS = ("sweep", "warm-up", "cool-down", "devices", "idle", "device", "microbatches")
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,13 @@ class Neighbourhood:
     t1: float  # end of the free slice (inf: to the end)
     t2: float  # end of the re-timed ops after it (inf: all of them)
     devices: frozenset[int] | None = None  # devices whose ops in [t0, t1) are free; None: all
+    microbatches: range | None = None  # microbatches whose ops in [t0, t1) are free; None: all
 
     def describe(self) -> str:
         where = "" if self.devices is None else " on devices " + ",".join(map(str, sorted(self.devices)))
+        if self.microbatches is not None:
+            first, last = self.microbatches.start, self.microbatches.stop - 1
+            where += f" {first}" if first == last else f" {first}-{last}"
         return f"{self.kind}{where}"
 
 
@@ -123,6 +131,16 @@ def choose(problem: Problem, timeline: Timeline, kind: str, size: int, follow: i
         k = rng.randrange(max(1, n - span // 2))
         t0, t1, t2 = _slice(starts, k, span, follow * count)
         return Neighbourhood(kind, t0, t1, t2, frozenset(free))
+    if kind == "microbatches":
+        span = 4 * count
+        k = rng.randrange(max(1, n - span // 2))
+        t0, t1, t2 = _slice(starts, k, span, follow * count)
+        inside = sorted({t.op.microbatch for t in timeline.timings
+                         if t.op.kind in COMPUTE_KINDS and t0 - _EPS <= t.start < t1 - _EPS})
+        # about twice ``size`` free ops per device: each microbatch brings 3 v of them at most
+        width = max(1, round(2 * size / (3 * problem.pipeline.chunks_per_device)))
+        first = rng.choice(inside[:max(1, len(inside) - width + 1)])
+        return Neighbourhood(kind, t0, t1, t2, microbatches=range(first, min(first + width, problem.microbatches)))
     if kind == "idle":
         gaps = sorted(_idle_gaps(timeline), reverse=True)
         if gaps:

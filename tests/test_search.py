@@ -84,3 +84,30 @@ def test_neighbourhoods_are_slices_in_time(kind):
     assert hood.devices is None or all(0 <= d < OFFLOAD.devices for d in hood.devices)
     again = choose(OFFLOAD, timeline, kind, 2, 1, random.Random(0))
     assert again == hood
+
+
+def test_a_microbatch_neighbourhood_frees_only_its_microbatches():
+    """The other microbatches' ops in the slice keep their order and offload decisions; the
+    model still finds a schedule (the current one is a solution) that fits when spliced in."""
+    from optpipe.solvers.cpsat import Model, solve_model
+    from optpipe.solvers.lns import _scope, _splice
+    from optpipe.solvers.timegrid import choose_grid
+
+    timeline = _fitting(OFFLOAD)[0].timeline
+    hood = choose(OFFLOAD, timeline, "microbatches", 2, 1, random.Random(0))
+    assert hood.microbatches is not None and len(hood.microbatches) >= 1
+    grid = choose_grid(OFFLOAD)
+    scope, inside = _scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices, hood.microbatches)
+    assert scope.chains and all(op.microbatch not in hood.microbatches for chain in scope.chains for op in chain)
+    assert all(i in hood.microbatches for _, i in scope.open_pairs)
+    model = Model(OFFLOAD, grid, scope, grid.up(timeline.makespan) + 1)
+    model.hint(inside, scope.offloaded)
+    solver, code = solve_model(model, time_limit_s=10.0, seed=0, workers=1)
+    assert solver.StatusName(code) in ("OPTIMAL", "FEASIBLE")
+    spliced = _splice(OFFLOAD, timeline, scope, frozenset(model.start), model.values(solver), grid,
+                      timeline.makespan + 1.0)
+    for chain in scope.chains:  # held ops in the order they had
+        device = OFFLOAD.pipeline.device_of(chain[0].stage)
+        order = [op for op in spliced.devices[device] if op in set(chain)]
+        assert order == list(chain)
+    assert simulate(OFFLOAD, spliced).fits
