@@ -18,11 +18,13 @@ a complete schedule and improves it piece by piece:
 Neighbourhoods (neighbourhoods.py): every other one sweeps the schedule from the start,
 overlapping by half, growing by one op per device after a pass that gained nothing; the others
 are the warm-up, the cool-down, a pair of devices that exchange data or one device over a long
-slice (the other devices re-timed in their order), a slice around a long idle gap, or a round
-of list moves (moves.py) that carry single ops, or chains of them along the critical path,
-across any distance. Kinds that pay are picked more often (seeded); a neighbourhood solved
-without gain is not solved again at the same incumbent, and a kind's retries look at larger
-slices. Every accepted step is simulated, fits, and is no worse than the incumbent.
+slice (the other devices re-timed in their order), a slice around a long idle gap, a few
+microbatches over a long slice (the other ops there held in their order, free ops
+between them: ``Scope.chains``), or a round of list moves (moves.py) that carry single ops,
+or chains of them along the critical path, across any distance. Kinds that pay are picked
+more often (seeded); a neighbourhood solved without gain is not solved again at the same
+incumbent, and a kind's retries look at larger slices. Every accepted step is simulated, fits,
+and is no worse than the incumbent.
 
 Restarts: with other warm starts, each gets a share of the time first; the search then goes on
 from the best of them. Measured with compile at 30 s on 2 cores (issue 11), none of this moved
@@ -120,13 +122,13 @@ def _model_op(problem: Problem, grid: Grid, op: Op, start: float) -> list[tuple[
 
 def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: float,
            t2: float, free: frozenset[int] | None = None,
-           microbatches: range | None = None) -> tuple[Scope, dict[Op, int]]:
+           only: Callable[[Op], bool] | None = None) -> tuple[Scope, dict[Op, int]]:
     """The window [t0, t1), re-timed ops up to t2, as a model scope; and the hint (current starts).
 
     With ``free``, only those devices' ops in the window are free; the other devices' ops there
-    keep their list order and are re-timed, like the ops after the window. With
-    ``microbatches``, the other microbatches' ops in the window keep their list order and their
-    offload decisions (``Scope.chains``); the free ops may go anywhere between them.
+    keep their list order and are re-timed, like the ops after the window. With ``only`` (a
+    neighbourhood's ``frees``), the window's other ops keep their list order and their offload
+    decisions (``Scope.chains``); the free ops may go anywhere between them.
     """
     pipe = problem.pipeline
     region = _regions(timeline, t0, t1, t2)
@@ -152,21 +154,22 @@ def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: floa
                 rest[t.device] += grid.up(duration_ms(problem, op))
     pairs = frozenset((op.stage, op.microbatch) for op in window if op.kind is _F
                       and Op(_B, op.stage, op.microbatch) in window
-                      and (microbatches is None or op.microbatch in microbatches)) if problem.offload.enabled else frozenset()
+                      and (only is None or only(op))) if problem.offload.enabled else frozenset()
     compute = frozenset(op for op in window if op.kind in COMPUTE_KINDS)
     transfers = frozenset(op for op in window if op.kind in (_OFF, _REL) and (op.stage, op.microbatch) not in pairs)
-    chains = () if microbatches is None else tuple(_held(problem, timeline, grid, window, microbatches))
+    chains = () if only is None else tuple(_held(problem, timeline, grid, window, only))
     scope = Scope(compute=compute, open_pairs=pairs, offloaded=offloaded - pairs, transfers=transfers,
                   fixed=fixed, t0=grid.down(t0), rest=tuple(rest), follow=tuple(tuple(ops) for ops in follow),
                   chains=chains)
     return scope, inside
 
 
-def _held(problem: Problem, timeline: Timeline, grid: Grid, window: set[Op], microbatches: range) -> list[tuple[Op, ...]]:
-    """Per device, the window's compute ops of the other microbatches in list order (model terms)."""
+def _held(problem: Problem, timeline: Timeline, grid: Grid, window: set[Op],
+          only: Callable[[Op], bool]) -> list[tuple[Op, ...]]:
+    """Per device, the window's compute ops that are not free, in list order (model terms)."""
     chains: list[list[Op]] = [[] for _ in range(problem.devices)]
     for t in timeline.timings:
-        if t.op.kind in COMPUTE_KINDS and t.op.microbatch not in microbatches:
+        if t.op.kind in COMPUTE_KINDS and not only(t.op):
             chains[t.device] += [op for op, _ in _model_op(problem, grid, t.op, t.start) if op in window]
     return [tuple(chain) for chain in chains if len(chain) > 1]
 
@@ -363,7 +366,7 @@ class _Context:
                 self._moves(state, min(deadline, time.monotonic() + _MOVES_S))
                 continue
             scope, inside = _scope(problem, state.timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices,
-                                   hood.microbatches)
+                                   hood.frees if hood.narrowed else None)
             state.solved += 1
             state.tries[hood.kind] = state.tries.get(hood.kind, 0) + 1
             if not scope.compute:

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from optpipe.core.problem import Offload
+from optpipe.core.schedule import Op, OpKind
 from optpipe.core.simulate import simulate
 from optpipe.solvers.compare import compare
 from optpipe.solvers.lns import KINDS, improve
@@ -87,19 +88,20 @@ def test_neighbourhoods_are_slices_in_time(kind):
 
 
 def test_a_microbatch_neighbourhood_frees_only_its_microbatches():
-    """The other microbatches' ops in the slice keep their order and offload decisions; the
-    model still finds a schedule (the current one is a solution) that fits when spliced in."""
+    """The slice's other ops keep their order and offload decisions; the model still finds a
+    schedule (the current one is a solution) that fits when spliced in."""
     from optpipe.solvers.cpsat import Model, solve_model
     from optpipe.solvers.lns import _scope, _splice
     from optpipe.solvers.timegrid import choose_grid
 
     timeline = _fitting(OFFLOAD)[0].timeline
     hood = choose(OFFLOAD, timeline, "microbatches", 2, 1, random.Random(0))
-    assert hood.microbatches is not None and len(hood.microbatches) >= 1
+    assert hood.narrowed and hood.microbatches
     grid = choose_grid(OFFLOAD)
-    scope, inside = _scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices, hood.microbatches)
-    assert scope.chains and all(op.microbatch not in hood.microbatches for chain in scope.chains for op in chain)
-    assert all(i in hood.microbatches for _, i in scope.open_pairs)
+    scope, inside = _scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices, hood.frees)
+    assert scope.chains and not any(hood.frees(op) for chain in scope.chains for op in chain)
+    assert any(hood.frees(op) for op in scope.compute)
+    assert all(hood.frees(Op(OpKind.F, s, i)) for s, i in scope.open_pairs)
     model = Model(OFFLOAD, grid, scope, grid.up(timeline.makespan) + 1)
     model.hint(inside, scope.offloaded)
     solver, code = solve_model(model, time_limit_s=10.0, seed=0, workers=1)
