@@ -127,8 +127,9 @@ def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: floa
 
     With ``free``, only those devices' ops in the window are free; the other devices' ops there
     keep their list order and are re-timed, like the ops after the window. With ``only`` (a
-    neighbourhood's ``frees``), the window's other ops keep their list order and their offload
-    decisions (``Scope.chains``); the free ops may go anywhere between them.
+    neighbourhood's ``frees``), the window's other compute ops keep their list order
+    (``Scope.chains``) and their pairs their offload decisions (their transfers may change
+    slots); the free ops may go anywhere between them.
     """
     pipe = problem.pipeline
     region = _regions(timeline, t0, t1, t2)
