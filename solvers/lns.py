@@ -122,12 +122,12 @@ def _model_op(problem: Problem, grid: Grid, op: Op, start: float) -> list[tuple[
 
 def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: float,
            t2: float, free: frozenset[int] | None = None,
-           only: Callable[[Op], bool] | None = None) -> tuple[Scope, dict[Op, int]]:
+           microbatches: range | None = None) -> tuple[Scope, dict[Op, int]]:
     """The window [t0, t1), re-timed ops up to t2, as a model scope; and the hint (current starts).
 
     With ``free``, only those devices' ops in the window are free; the other devices' ops there
-    keep their list order and are re-timed, like the ops after the window. With ``only`` (a
-    neighbourhood's ``frees``), the window's other compute ops keep their list order
+    keep their list order and are re-timed, like the ops after the window. With
+    ``microbatches``, the window's compute ops of the other microbatches keep their list order
     (``Scope.chains``) and their pairs their offload decisions (their transfers may change
     slots); the free ops may go anywhere between them.
     """
@@ -155,10 +155,10 @@ def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: floa
                 rest[t.device] += grid.up(duration_ms(problem, op))
     pairs = frozenset((op.stage, op.microbatch) for op in window if op.kind is _F
                       and Op(_B, op.stage, op.microbatch) in window
-                      and (only is None or only(op))) if problem.offload.enabled else frozenset()
+                      and (microbatches is None or op.microbatch in microbatches)) if problem.offload.enabled else frozenset()
     compute = frozenset(op for op in window if op.kind in COMPUTE_KINDS)
     transfers = frozenset(op for op in window if op.kind in (_OFF, _REL) and (op.stage, op.microbatch) not in pairs)
-    chains = () if only is None else tuple(_held(problem, timeline, grid, window, only))
+    chains = () if microbatches is None else tuple(_held(problem, timeline, grid, window, microbatches))
     scope = Scope(compute=compute, open_pairs=pairs, offloaded=offloaded - pairs, transfers=transfers,
                   fixed=fixed, t0=grid.down(t0), rest=tuple(rest), follow=tuple(tuple(ops) for ops in follow),
                   chains=chains)
@@ -166,11 +166,11 @@ def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: floa
 
 
 def _held(problem: Problem, timeline: Timeline, grid: Grid, window: set[Op],
-          only: Callable[[Op], bool]) -> list[tuple[Op, ...]]:
-    """Per device, the window's compute ops that are not free, in list order (model terms)."""
+          microbatches: range) -> list[tuple[Op, ...]]:
+    """Per device, the window's compute ops of the other microbatches, in list order (model terms)."""
     chains: list[list[Op]] = [[] for _ in range(problem.devices)]
     for t in timeline.timings:
-        if t.op.kind in COMPUTE_KINDS and not only(t.op):
+        if t.op.kind in COMPUTE_KINDS and t.op.microbatch not in microbatches:
             chains[t.device] += [op for op, _ in _model_op(problem, grid, t.op, t.start) if op in window]
     return [tuple(chain) for chain in chains if len(chain) > 1]
 
@@ -367,7 +367,7 @@ class _Context:
                 self._moves(state, min(deadline, time.monotonic() + _MOVES_S))
                 continue
             scope, inside = _scope(problem, state.timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices,
-                                   hood.frees if hood.narrowed else None)
+                                   hood.microbatches)
             state.solved += 1
             state.tries[hood.kind] = state.tries.get(hood.kind, 0) + 1
             if not scope.compute:

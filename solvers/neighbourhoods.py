@@ -34,7 +34,7 @@ import random
 from dataclasses import dataclass
 
 from optpipe.core.problem import Problem
-from optpipe.core.schedule import COMPUTE_KINDS, Op
+from optpipe.core.schedule import COMPUTE_KINDS
 from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.simulate import Timeline
 
@@ -53,15 +53,6 @@ class Neighbourhood:
     t2: float  # end of the re-timed ops after it (inf: all of them)
     devices: frozenset[int] | None = None  # devices whose ops in [t0, t1) are free; None: all
     microbatches: range | None = None  # microbatches whose ops in [t0, t1) are free; None: all
-
-    @property
-    def narrowed(self) -> bool:
-        """Only some ops of the slice are free: the others keep their list order (Scope.chains)."""
-        return self.microbatches is not None
-
-    def frees(self, op: Op) -> bool:
-        """Is ``op``, when it falls in the slice, free to move?"""
-        return self.microbatches is None or op.microbatch in self.microbatches
 
     def describe(self) -> str:
         where = "" if self.devices is None else " on devices " + ",".join(map(str, sorted(self.devices)))

@@ -7,7 +7,6 @@ import random
 import pytest
 
 from optpipe.core.problem import Offload
-from optpipe.core.schedule import Op, OpKind
 from optpipe.core.simulate import simulate
 from optpipe.solvers.compare import compare
 from optpipe.solvers.lns import KINDS, improve
@@ -96,12 +95,13 @@ def test_a_microbatch_neighbourhood_frees_only_its_microbatches():
 
     timeline = _fitting(OFFLOAD)[0].timeline
     hood = choose(OFFLOAD, timeline, "microbatches", 2, 1, random.Random(0))
-    assert hood.narrowed and hood.microbatches
+    free = hood.microbatches
+    assert free
     grid = choose_grid(OFFLOAD)
-    scope, inside = _scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices, hood.frees)
-    assert scope.chains and not any(hood.frees(op) for chain in scope.chains for op in chain)
-    assert any(hood.frees(op) for op in scope.compute)
-    assert all(hood.frees(Op(OpKind.F, s, i)) for s, i in scope.open_pairs)
+    scope, inside = _scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices, free)
+    assert scope.chains and not any(op.microbatch in free for chain in scope.chains for op in chain)
+    assert any(op.microbatch in free for op in scope.compute)
+    assert all(i in free for _, i in scope.open_pairs)
     model = Model(OFFLOAD, grid, scope, grid.up(timeline.makespan) + 1)
     model.hint(inside, scope.offloaded)
     solver, code = solve_model(model, time_limit_s=10.0, seed=0, workers=1)
