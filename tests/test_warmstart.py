@@ -74,6 +74,21 @@ def test_group_sizes_between_gis_h_and_gis_are_tried_and_can_give_the_fastest_st
     assert simulate(problem, fitting[0].schedule).makespan == fitting[0].makespan_ms  # the simulator's verdict
 
 
+def test_group_sizes_come_first_on_wide_pipelines_with_few_microbatches():
+    """From p = 24 on, the fastest heuristic's variants can take the whole warm-start share, so
+    the GIS group sizes are built first; with many microbatches a device they stay in place."""
+    from benchmarks.problem_grid import generated
+
+    from optpipe.solvers.warmstart import _steps
+
+    wide, deep, narrow = (generated(0, p, 2, m, 0.3, 1.6, seed=0) for p, m in ((24, 48), (32, 256), (8, 32)))
+    assert _steps(wide, capped=True)[0] == "groups"
+    for problem in (deep, narrow):
+        steps = _steps(problem, capped=True)
+        assert steps[:3] == ("fill_fastest", "capped", "groups")
+    assert sorted(_steps(wide, capped=False)) == sorted(_steps(narrow, capped=False))  # the same steps
+
+
 def test_group_sizes_need_interleaved_chunks():
     single = uniform_problem(6, 12, v=1, act=100, keep=50, budget=400,
                              offload=Offload(True, 100 / 1.5 * 1e3, 100 / 1.5 * 1e3, 10**9))
