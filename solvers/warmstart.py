@@ -35,7 +35,8 @@ from .wfill import fill_with_w
 
 __all__ = ["warm_starts", "one_at_a_time"]
 
-_GROUPS_FIRST, _GROUPS_FIRST_DEPTH = 24, 4  # from this many devices, with at most this many microbatches a device: GIS groups first
+# GIS's group sizes are built first from this many devices on, with at most this many microbatches a device
+_GROUPS_FIRST, _GROUPS_FIRST_DEPTH = 24, 4
 _HIDDEN_IF_UNDER = 1.1  # with hidden_if_fits, the peak (in budgets) of offloading everything that still tries hiding
 _CAPS = (1.0, 1.5, 2.5)  # W-filling memory caps, as multiples of the budget (1.0 alone without offload)
 
@@ -71,9 +72,9 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     PO-H + W(1) + hidden offload gives 5,572.1); the fitting heuristics' W passes filled and
     offloaded (their spare memory bought back as speed); every heuristic's offloaded versions,
     fastest first (what repair.py starts from); the overflowing heuristics' W passes filled under
-    the budget; then the looser W-filling caps (from p = 24 on, GIS's group sizes first:
-    ``_steps``). They are returned in the order above whatever
-    order they were built in, so ties go the same way with and without a deadline. With
+    the budget; then the looser W-filling caps. From p = 24 on, GIS's group sizes come first
+    (``_steps``). They are returned in the order above whatever order they were built in, so
+    ties go the same way with and without a deadline. With
     ``bound_ms`` (a proven lower bound), building stops once a fitting candidate meets it.
     ``capped=False`` leaves out the capped list schedule (compile builds it first under a
     tight budget).
@@ -87,7 +88,7 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
 
 def _steps(problem: Problem, capped: bool) -> tuple[str, ...]:
     """The order the variants are built in (``_Build``'s methods). From p = 24 on, with at most
-    4 p microbatches, the group sizes come first: there the fastest heuristic's variants alone
+    4p microbatches, the group sizes come first: there the fastest heuristic's variants alone
     take 11 s (ZB-I at p = 32: W-filled and offloaded it still peaks at 2.6 x the budget), and
     compile's warm-start share ended before any GIS group was built; repaired, GIS(g = 25) + W(1)
     gives 4,314.4 ms at p = 32, v = 2, m = 64, k = 1.6, against PO-H repaired's 4,367.4. With more
