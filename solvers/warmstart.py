@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from optpipe.core.errors import OptpipeError
 from optpipe.core.problem import Placement, Problem
@@ -74,29 +75,28 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     fastest first (what repair.py starts from); the overflowing heuristics' W passes filled under
     the budget; then the looser W-filling caps. From p = 24 on, GIS's group sizes come first
     (``_steps``). They are returned in the order above whatever order they were built in, so
-    ties go the same way with and without a deadline. With
-    ``bound_ms`` (a proven lower bound), building stops once a fitting candidate meets it.
-    ``capped=False`` leaves out the capped list schedule (compile builds it first under a
-    tight budget).
+    ties go the same way with and without a deadline. With ``bound_ms`` (a proven lower bound),
+    building stops once a fitting candidate meets it. ``capped=False`` leaves out the capped
+    list schedule (compile builds it first under a tight budget).
     """
     build = _Build(problem, applicable(entries), deadline, bound_ms)
     for step in _steps(problem, capped):
-        if not getattr(build, step)():
+        if not step(build):
             break
     return build.done()
 
 
-def _steps(problem: Problem, capped: bool) -> tuple[str, ...]:
-    """The order the variants are built in (``_Build``'s methods). From p = 24 on, with at most
+def _steps(problem: Problem, capped: bool) -> tuple[Callable[[_Build], bool], ...]:
+    """The order the variants are built in: ``_Build``'s steps. From p = 24 on, with at most
     4p microbatches, the group sizes come first: there the fastest heuristic's variants alone
     take 11 s (ZB-I at p = 32: W-filled and offloaded it still peaks at 2.6 x the budget), and
     compile's warm-start share ended before any GIS group was built; repaired, GIS(g = 25) + W(1)
     gives 4,314.4 ms at p = 32, v = 2, m = 64, k = 1.6, against PO-H repaired's 4,367.4. With more
     microbatches each group costs more and PO-H repaired was as fast (p = 32, m = 256)."""
-    steps = ("fill_fastest", *(("capped",) if capped else ()), "groups", "fill_fitting", "offload_each",
-             "fill_others", "fill_looser")
+    steps = (_Build.fill_fastest, *((_Build.capped,) if capped else ()), _Build.groups, _Build.fill_fitting,
+             _Build.offload_each, _Build.fill_others, _Build.fill_looser)
     if problem.devices >= _GROUPS_FIRST and problem.microbatches <= _GROUPS_FIRST_DEPTH * problem.devices:
-        steps = ("groups",) + tuple(step for step in steps if step != "groups")
+        steps = (_Build.groups,) + tuple(step for step in steps if step is not _Build.groups)
     return steps
 
 

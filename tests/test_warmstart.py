@@ -79,14 +79,14 @@ def test_group_sizes_come_first_on_wide_pipelines_with_few_microbatches():
     the GIS group sizes are built first; with many microbatches a device they stay in place."""
     from benchmarks.problem_grid import generated
 
-    from optpipe.solvers.warmstart import _steps
+    from optpipe.solvers.warmstart import _Build, _steps
 
     wide, deep, narrow = (generated(0, p, 2, m, 0.3, 1.6, seed=0) for p, m in ((24, 48), (32, 256), (8, 32)))
-    assert _steps(wide, capped=True)[0] == "groups"
+    assert _steps(wide, capped=True)[0] is _Build.groups
     for problem in (deep, narrow):
         steps = _steps(problem, capped=True)
-        assert steps[:3] == ("fill_fastest", "capped", "groups")
-    assert sorted(_steps(wide, capped=False)) == sorted(_steps(narrow, capped=False))  # the same steps
+        assert steps[:3] == (_Build.fill_fastest, _Build.capped, _Build.groups)
+    assert set(_steps(wide, capped=False)) == set(_steps(narrow, capped=False))  # the same steps
 
 
 def test_group_sizes_need_interleaved_chunks():
