@@ -330,10 +330,12 @@ def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: floa
                 return whole
             start, lower, resolution = _better(whole, start), whole.lower_bound_ms, whole.resolution_ms
         from .lns import improve  # lazy: loads OR-Tools
+        from .portfolio import improve_in_parallel, parallel_applies  # lazy: loads OR-Tools (through lns)
 
-        search = improve(problem, start.schedule, time_limit_s=time_limit_s - (time.monotonic() - began), seed=seed,
-                         workers=workers, on_progress=on_progress, bound_ms=bound.value,
-                         restarts=_restarts(start, candidates))
+        left = time_limit_s - (time.monotonic() - began)
+        search_with = improve_in_parallel if parallel_applies(problem, left, workers or 1) else improve
+        search = search_with(problem, start.schedule, time_limit_s=left, seed=seed, workers=workers,
+                             on_progress=on_progress, bound_ms=bound.value, restarts=_restarts(start, candidates))
         return SolveResult("cpsat", SolveStatus.FEASIBLE, search.best.schedule.renamed("cpsat"), search.best.timeline,
                            search.best.makespan_ms, lower, time.monotonic() - began, resolution)
     backend = solver.split("-", 1)[1]

@@ -53,6 +53,7 @@ from optpipe.core.simulate import Timeline, simulate
 
 from .cpsat import Model, Scope, solve_model
 from .decode import schedule_from_starts
+from .exchange import Peer
 from .moves import improve_by_moves
 from .neighbourhoods import KINDS as WINDOW_KINDS
 from .neighbourhoods import Neighbourhood, choose, sweep
@@ -60,7 +61,7 @@ from .recompute import flip_decisions
 from .result import Judged, Progress
 from .timegrid import Grid, choose_grid
 
-__all__ = ["improve", "Search", "KINDS"]
+__all__ = ["improve", "Search", "KINDS", "search_score"]
 
 KINDS = WINDOW_KINDS + ("moves",)  # "moves": list moves judged by the simulator (moves.py)
 _MOVES_S = 1.0  # wall time of one round of list moves
@@ -80,7 +81,7 @@ class Search:
     improvements: int  # windows that made the schedule faster
 
 
-def _score(timeline: Timeline) -> tuple[float, float]:
+def search_score(timeline: Timeline) -> tuple[float, float]:
     """Makespan first; then the sum of the devices' last ends, so that slack elsewhere counts."""
     ends = [0.0] * len(timeline.busy)
     for t in timeline.timings:
@@ -216,7 +217,7 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
             window_limit_s: float = 2.0, on_progress: Callable[[Progress], None] | None = None,
             bound_ms: float | None = None, restarts: Sequence[Schedule] = (), restart_share: float = 0.4,
             kinds: Sequence[str] = KINDS, max_windows: int | None = None,
-            deterministic: bool = False) -> Search:
+            deterministic: bool = False, peer: Peer | None = None) -> Search:
     """Improve a fitting schedule neighbourhood by neighbourhood until the time limit (or
     ``bound_ms``, or ``max_windows``); never worse than ``schedule``, and always fitting.
 
@@ -225,7 +226,8 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     the best it found. ``kinds``: the neighbourhoods to use (neighbourhoods.py). With
     ``deterministic``, each window stops after ``window_limit_s`` of CP-SAT's deterministic time
     rather than wall time: with one worker, a fixed seed and ``max_windows``, the result is the
-    same on every run.
+    same on every run. ``peer``: another search to trade incumbents with after the restarts
+    (exchange.py, portfolio.py).
     """
     if schedule.recomputed:  # window models place no RECOMPUTE (issue 14): the choices are searched by flips
         return _flips(problem, schedule, time.monotonic() + time_limit_s, random.Random(seed))
@@ -253,8 +255,11 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     else:
         best = context.state(schedule, first)
     flips_from = deadline - _FLIP_SHARE * time_limit_s if problem.recompute.enabled and max_windows is None else deadline
+    context.peer = peer
     best = context.search(best, flips_from, windows)
-    if not (best.timeline.fits and best.score <= _score(first)):  # pragma: no cover - kept by acceptance
+    if peer is not None:
+        peer.flush()
+    if not (best.timeline.fits and best.score <= search_score(first)):  # pragma: no cover - kept by acceptance
         return Search(_judged(schedule, first), best.solved, 0)
     if flips_from < deadline:  # the window models keep every choice's kind; recompute is decided here
         flipped = _flips(problem, best.schedule, deadline, rng)
@@ -290,9 +295,10 @@ class _Context:
     bound_ms: float | None
     on_progress: Callable[[Progress], None] | None
     began: float
+    peer: Peer | None = None
 
     def state(self, schedule: Schedule, timeline: Timeline) -> _State:
-        return _State(schedule, timeline, _score(timeline), self.per_device)
+        return _State(schedule, timeline, search_score(timeline), self.per_device)
 
     def _kind(self, state: _State) -> str:
         """Sweep every other window; otherwise a kind by how often it has paid (seeded)."""
@@ -308,7 +314,7 @@ class _Context:
         state.tries["moves"] = state.tries.get("moves", 0) + 1
         moved = improve_by_moves(self.problem, state.schedule, deadline=deadline, rng=self.rng,
                                  max_tries=_MOVES_TRIES if self.deterministic else None)
-        new_score = _score(moved.timeline)
+        new_score = search_score(moved.timeline)
         if moved.kept and moved.timeline.fits and new_score <= state.score:
             if new_score[0] < state.score[0] - _EPS:
                 state.improved += 1
@@ -319,6 +325,23 @@ class _Context:
         else:
             state.tabu.add(("moves", state.score))
         self._report(state, "list moves")
+
+    def _trade(self, state: _State) -> None:
+        """Offer our incumbent to the other search; go on from its incumbent when that is better
+        (judged here by the simulator, as every step is)."""
+        self.peer.offer(state.score, state.schedule)
+        got = self.peer.received()
+        if got is None or not got[0] < state.score:
+            return
+        timeline = simulate(self.problem, got[1])
+        score = search_score(timeline)
+        if timeline.fits and score < state.score:
+            state.schedule, state.timeline, state.score = got[1], timeline, score
+            state.gained = True
+            state.tabu.clear()
+            state.retries.clear()
+            self.peer.adopted(score)
+            self._report(state, "the other search's incumbent")
 
     def _report(self, state: _State, last: str) -> None:
         if self.on_progress is not None:
@@ -358,6 +381,10 @@ class _Context:
         overhead = 0.0
         while (left := deadline - time.monotonic() - overhead) > 0.05 and (windows is None or windows[0] > 0):
             iteration = time.monotonic()
+            if self.peer is not None:
+                self._trade(state)
+                if self.peer.stopped:
+                    break
             if self.bound_ms is not None and state.timeline.makespan <= self.bound_ms + _EPS:
                 break  # meets the lower bound: nothing left to gain
             if windows is not None:
@@ -388,7 +415,7 @@ class _Context:
                 candidate = _splice(problem, state.timeline, scope, frozenset(model.start), model.values(solver),
                                     grid, state.timeline.makespan + 1.0)
                 timeline = simulate(problem, candidate)
-                new_score = _score(timeline)
+                new_score = search_score(timeline)
                 if timeline.fits and new_score < state.score:  # the simulator judges; never worse
                     faster = new_score[0] < state.score[0] - _EPS
                     if faster:

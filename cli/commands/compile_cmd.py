@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--seed", type=SEED, default=0,
                         help="random seed 0..2147483647, for reproducible runs (default 0)")
     parser.add_argument("--workers", type=WORKERS, default=None, metavar="N",
-                        help="solver threads, 1..1024 (default: all cores)")
+                        help="solver threads, 1..1024 (default: all cores); from 2 on, searches of 10 s "
+                             "or more run as two processes that trade incumbents")
     parser.add_argument("--schedule-out", metavar="FILE.json", type=output_path("--schedule-out"),
                         help="write the schedule as JSON")
     parser.add_argument("-o", "--plan-out", metavar="PLAN.opb", type=output_path("-o"),
