@@ -8,13 +8,15 @@ on its host. Invalid schedules raise ``ScheduleError`` naming the op and the rul
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate, chain, repeat
+from operator import attrgetter
 from typing import Callable
 
 from optpipe.core.errors import ScheduleError
-from optpipe.core.problem import Problem
+from optpipe.core.problem import Pipeline, Problem
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import CHANNEL, At, Channel, Place, duration_ms, effects, instant, link, ready_key, waits
 from optpipe.core.units import format_size
@@ -104,28 +106,85 @@ def op_duration(problem: Problem, op: Op) -> float:
     return duration_ms(problem, op)
 
 
-def _check_ops(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]]:
-    """Every op once, on its stage's device; returns op -> (device, position)."""
-    where = _placed(problem, schedule)
-    _check_enabled(problem, where)
-    for s in range(problem.stages):
-        for i in range(problem.microbatches):
-            split = _check_passes(where, s, i)
-            backward = Op(_B, s, i) if split else Op(_BW, s, i)
-            _check_recompute(where, s, i, backward)
-            _check_offload(where, s, i, backward)
-    return where
+_KEY = attrgetter("kind", "stage", "microbatch")
+_KIND, _STAGE, _MICROBATCH = attrgetter("kind"), attrgetter("stage"), attrgetter("microbatch")
 
 
-def _placed(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]]:
-    """Each op's (device, position), after checking that it names a real stage and microbatch,
-    sits on its stage's device, and appears once."""
+class _Nodes:
+    """The schedule's ops in (device, position) order, a node each, found by key: (kind, stage,
+    microbatch) hashes and compares as its Op does (a dataclass's hash and == are its fields'
+    tuple's), but in C rather than in the dataclass's Python methods, and the simulator is hot."""
+
+    __slots__ = ("ops", "device", "keys", "index", "first", "counts", "_of_kind")
+
+    def __init__(self, schedule: Schedule):
+        self.ops: list[Op] = list(chain.from_iterable(schedule.devices))
+        self.device = list(chain.from_iterable(repeat(d, len(ops)) for d, ops in enumerate(schedule.devices)))
+        self.keys = list(map(_KEY, self.ops))
+        self.index = dict(zip(self.keys, range(len(self.keys))))  # of duplicates, the last (they are refused)
+        self.first = list(accumulate(map(len, schedule.devices), initial=0))  # each device's first node
+        self.counts = Counter(map(_KIND, self.ops))  # ops per kind
+        self._of_kind: dict[OpKind, list[tuple[int, int]]] = {}
+
+    def at(self, node: int) -> tuple[int, int]:
+        """(device, position)."""
+        device = self.device[node]
+        return device, node - self.first[device]
+
+    def of_kind(self, kind: OpKind) -> list[tuple[int, int]]:
+        """(stage, microbatch) of every op of ``kind``, in list order."""
+        if kind not in self._of_kind:
+            self._of_kind[kind] = [key[1:] for key in self.keys if key[0] is kind] if self.counts[kind] else []
+        return self._of_kind[kind]
+
+
+def _check_ops(problem: Problem, schedule: Schedule) -> _Nodes:
+    """Every op once, on its stage's device, and each (stage, microbatch)'s ops complete and in
+    order; returns the nodes. Checked in bulk; only when that finds something wrong do the per-op
+    and per-pair checks run, in their order, to name the first rule broken."""
     pipe = problem.pipeline
     if schedule.num_devices != pipe.devices:
         raise ScheduleError(
             f"schedule {schedule.name!r} has {schedule.num_devices} devices but the problem has {pipe.devices}"
         )
-    where: dict[Op, tuple[int, int]] = {}
+    try:
+        nodes = _Nodes(schedule)
+    except Exception:  # an entry that is no op: the per-op checks meet it where they always did
+        _placed(problem, schedule)
+        raise
+    if not _placed_well(pipe, nodes):
+        _placed(problem, schedule)
+    _check_enabled(problem, nodes.ops, nodes.counts)
+    if not _pairs_well(problem, nodes):
+        for s in range(problem.stages):
+            for i in range(problem.microbatches):
+                split = _check_passes(nodes.index, s, i)
+                backward = Op(_B, s, i) if split else Op(_BW, s, i)
+                _check_recompute(nodes, s, i, backward)
+                _check_offload(nodes, s, i, backward)
+    return nodes
+
+
+def _placed_well(pipe: Pipeline, nodes: _Nodes) -> bool:
+    """Whether ``_placed`` finds nothing wrong: stages and microbatches in range, each op on its
+    stage's device, none twice."""
+    if not nodes.ops:
+        return True
+    try:
+        stages, microbatches = list(map(_STAGE, nodes.ops)), list(map(_MICROBATCH, nodes.ops))
+        device_of = [pipe.device_of(s) for s in range(pipe.stages)]
+        return (0 <= min(stages) and max(stages) < pipe.stages and 0 <= min(microbatches)
+                and max(microbatches) < pipe.microbatches and len(nodes.index) == len(nodes.keys)
+                and list(map(device_of.__getitem__, stages)) == nodes.device)
+    except Exception:  # a stage or microbatch that is no number: _placed says what it does with it
+        return False
+
+
+def _placed(problem: Problem, schedule: Schedule) -> None:
+    """Raise naming the first op that names no real stage or microbatch, sits off its stage's
+    device, or appears twice."""
+    pipe = problem.pipeline
+    where: dict[tuple, int] = {}  # key -> position
     stages, microbatches = pipe.stages, pipe.microbatches
     device_of = [pipe.device_of(s) for s in range(stages)]
     for device, ops in enumerate(schedule.devices):
@@ -139,71 +198,104 @@ def _placed(problem: Problem, schedule: Schedule) -> dict[Op, tuple[int, int]]:
             if device_of[op.stage] != device:
                 raise ScheduleError(f"device {device} position {position}: {op} is on the wrong device; "
                                     f"stage {op.stage} runs on device {device_of[op.stage]}")
-            if op in where:
-                first = where[op]
+            key = _KEY(op)
+            if key in where:
                 raise ScheduleError(f"device {device} position {position}: duplicate op {op} "
-                                    f"(already at position {first[1]})")
-            where[op] = (device, position)
-    return where
+                                    f"(already at position {where[key]})")
+            where[key] = position
 
 
-def _check_enabled(problem: Problem, where: dict[Op, tuple[int, int]]) -> None:
+def _check_enabled(problem: Problem, ops: list[Op], counts: Counter) -> None:
     """Transfers need [offload] and recomputes [recompute]."""
-    if not problem.offload.enabled and any(op.kind in (_OFF, _REL) for op in where):
-        first = next(op for op in where if op.kind in (_OFF, _REL))
+    if not problem.offload.enabled and (counts[_OFF] or counts[_REL]):
+        first = next(op for op in ops if op.kind in (_OFF, _REL))
         raise ScheduleError(f"{first} moves an activation, but offload is not enabled in the problem "
                             f"([offload] enabled = true with bandwidths)")
-    if not problem.recompute.enabled and any(op.kind is _RC for op in where):
-        first = next(op for op in where if op.kind is _RC)
-        raise ScheduleError(f"{first} recomputes an activation, but recompute is not enabled in the problem "
-                            f"(add a [recompute] table)")
+    if not problem.recompute.enabled and counts[_RC]:
+        first = next((op for op in ops if op.kind is _RC), None)
+        if first is not None:
+            raise ScheduleError(f"{first} recomputes an activation, but recompute is not enabled in the problem "
+                                f"(add a [recompute] table)")
 
 
-def _check_passes(where: dict[Op, tuple[int, int]], s: int, i: int) -> bool:
+def _pairs_well(problem: Problem, nodes: _Nodes) -> bool:
+    """Whether the per-pair checks below find nothing wrong, given every op once and in range.
+
+    Counted: F for every pair; as many B as W, and B and BW together one per pair. A pair with
+    a BW and neither B nor W then leaves every other pair both its B and its W. As many REL as
+    OFF, and each OFF with its REL. Then the list order of each recompute and transfer."""
+    pairs, counts = problem.stages * problem.microbatches, nodes.counts
+    if (counts[_F] != pairs or counts[_B] != counts[_W] or counts[_B] + counts[_BW] != pairs
+            or counts[_OFF] != counts[_REL]):
+        return False
+    index = nodes.index
+    if counts[_BW] and counts[_B]:
+        if any((_B, s, i) in index or (_W, s, i) in index for s, i in nodes.of_kind(_BW)):
+            return False
+    for s, i in nodes.of_kind(_RC):
+        if (_OFF, s, i) in index or not index[_F, s, i] < index[_RC, s, i] < _backward(index, s, i):
+            return False
+    for s, i in nodes.of_kind(_OFF):
+        reload = index.get((_REL, s, i))
+        if reload is None or not index[_F, s, i] < index[_OFF, s, i] or not reload < _backward(index, s, i):
+            return False
+    return True
+
+
+def _backward(index: dict, s: int, i: int) -> int:
+    """The node of (s, i)'s B, or of its BW when it has no B."""
+    node = index.get((_B, s, i))
+    return index[_BW, s, i] if node is None else node
+
+
+def _check_passes(index: dict, s: int, i: int) -> bool:
     """F and one backward, split (B and W) or fused (BW), for (s, i); returns whether it is split."""
-    if Op(_F, s, i) not in where:
+    if (_F, s, i) not in index:
         raise ScheduleError(f"missing op F{s}:{i}: every stage runs F for every microbatch")
-    split = Op(_B, s, i) in where or Op(_W, s, i) in where
-    fused = Op(_BW, s, i) in where
+    split = (_B, s, i) in index or (_W, s, i) in index
+    fused = (_BW, s, i) in index
     if split and fused:
         raise ScheduleError(f"BW{s}:{i} and a split B/W of the same stage and microbatch: use one or the other")
     if not split and not fused:
         raise ScheduleError(f"missing op B{s}:{i} (or BW{s}:{i}): every stage runs a backward for every microbatch")
     if split:
         for kind in (_B, _W):
-            if Op(kind, s, i) not in where:
+            if (kind, s, i) not in index:
                 raise ScheduleError(f"missing op {Op(kind, s, i)}: a split backward needs both B and W")
     return split
 
 
-def _check_recompute(where: dict[Op, tuple[int, int]], s: int, i: int, backward: Op) -> None:
+def _check_recompute(nodes: _Nodes, s: int, i: int, backward: Op) -> None:
     """A recompute is not also offloaded, and is listed between its F and its backward."""
     rc, off = Op(_RC, s, i), Op(_OFF, s, i)
-    if rc not in where:
+    if (_RC, s, i) not in nodes.index:
         return
-    if off in where:
+    if (_OFF, s, i) in nodes.index:
         raise ScheduleError(f"{rc} and {off}: an activation is kept, offloaded or recomputed, "
                             f"not both offloaded and recomputed")
-    _listed_after(where, Op(_F, s, i), rc, rc, "a recompute re-runs the forward, so it comes after F")
-    _listed_after(where, rc, backward, rc, "the recompute must come before the backward that uses it")
+    _listed_after(nodes, Op(_F, s, i), rc, rc, "a recompute re-runs the forward, so it comes after F")
+    _listed_after(nodes, rc, backward, rc, "the recompute must come before the backward that uses it")
 
 
-def _check_offload(where: dict[Op, tuple[int, int]], s: int, i: int, backward: Op) -> None:
+def _check_offload(nodes: _Nodes, s: int, i: int, backward: Op) -> None:
     """OFF and REL come as a pair, the offload after its F and the reload before its backward."""
     off, rel = Op(_OFF, s, i), Op(_REL, s, i)
-    if (rel in where) and (off not in where):
+    has_off, has_rel = (_OFF, s, i) in nodes.index, (_REL, s, i) in nodes.index
+    if has_rel and not has_off:
         raise ScheduleError(f"{rel} without OFF{s}:{i}: only an offloaded activation can be reloaded")
-    if (off in where) and (rel not in where):
+    if has_off and not has_rel:
         raise ScheduleError(f"{off} without REL{s}:{i}: an offloaded activation must be reloaded before B")
-    if off in where:
-        _listed_after(where, Op(_F, s, i), off, off, "an offload moves what F saved, so it comes after F")
-        _listed_after(where, rel, backward, rel, "the reload must come before the backward that uses it")
+    if has_off:
+        _listed_after(nodes, Op(_F, s, i), off, off, "an offload moves what F saved, so it comes after F")
+        _listed_after(nodes, rel, backward, rel, "the reload must come before the backward that uses it")
 
 
-def _listed_after(where: dict[Op, tuple[int, int]], earlier: Op, later: Op, at: Op, why: str) -> None:
-    """``later`` must be listed after ``earlier`` on their device; the error points at ``at``."""
-    if where[later][1] < where[earlier][1]:
-        raise ScheduleError(f"device {where[at][0]} position {where[at][1]}: {later} is listed before "
+def _listed_after(nodes: _Nodes, earlier: Op, later: Op, at: Op, why: str) -> None:
+    """``later`` must be listed after ``earlier`` on their device (one device: one stage); the
+    error points at ``at``."""
+    if nodes.index[_KEY(later)] < nodes.index[_KEY(earlier)]:
+        device, position = nodes.at(nodes.index[_KEY(at)])
+        raise ScheduleError(f"device {device} position {position}: {later} is listed before "
                             f"its {earlier}; {why}")
 
 
@@ -213,15 +305,11 @@ def _graph(problem: Problem, schedule: Schedule) -> tuple[list[Op], list[int], l
     The data waits are the op's (semantics.py); the schedule adds the device order of compute
     ops, the issue point of a transfer (the compute op listed before it) and channel order.
     """
-    where = _check_ops(problem, schedule)
-    ops: list[Op] = []
-    node_device: list[int] = []
-    for device, device_ops in enumerate(schedule.devices):
-        ops.extend(device_ops)
-        node_device.extend([device] * len(device_ops))
+    nodes = _check_ops(problem, schedule)
+    ops, node_device = nodes.ops, nodes.device
     index = {op: n for n, op in enumerate(ops)}
     preds: list[list[tuple[int, float]]] = [[] for _ in ops]
-    rules = _Rules(problem, where)
+    rules = _Rules(problem, ops)
     n = 0
     for device_ops in schedule.devices:
         last: dict[Channel, int] = {}

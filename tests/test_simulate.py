@@ -130,6 +130,26 @@ def test_invalid_transfers(label, ops0, message):
         simulate(problem, Schedule.of("broken", [ops0, [Op(F, 1, 0), Op(BW, 1, 0)]]))
 
 
+# One device, two microbatches, broken so that the simulator's bulk counts balance (as many B as
+# W, B and BW one per pair, as many REL as OFF): the per-pair checks still name the first pair's error.
+BALANCED_BROKEN = [
+    ("B and BW here, W alone there", [Op(F, 0, 0), Op(B, 0, 0), Op(BW, 0, 0), Op(F, 0, 1), Op(W, 0, 1)],
+     "BW0:0 and a split B/W of the same stage and microbatch"),
+    ("OFF here, REL there", [Op(F, 0, 0), Op(OFF, 0, 0), Op(F, 0, 1), Op(REL, 0, 1), Op(BW, 0, 0), Op(BW, 0, 1)],
+     "OFF0:0 without REL0:0"),
+    ("both pairs misordered, the first named", [Op(OFF, 0, 1), Op(F, 0, 0), Op(OFF, 0, 0), Op(F, 0, 1), Op(BW, 0, 0),
+                                                Op(REL, 0, 0), Op(REL, 0, 1), Op(BW, 0, 1)],
+     "device 0 position 5: BW0:0 is listed before its REL0:0"),
+]
+
+
+@pytest.mark.parametrize("label, ops, message", BALANCED_BROKEN, ids=[b[0] for b in BALANCED_BROKEN])
+def test_broken_pairs_are_named_in_order(label, ops, message):
+    problem = uniform_problem(1, 2, offload=OFFLOAD)
+    with pytest.raises(ScheduleError, match=message):
+        simulate(problem, Schedule.of("broken", [ops]))
+
+
 def test_offload_needs_offload_enabled():
     problem = uniform_problem(2, 1)
     schedule = Schedule.of("x", [[Op(F, 0, 0), Op(OFF, 0, 0), Op(REL, 0, 0), Op(BW, 0, 0)], [Op(F, 1, 0), Op(BW, 1, 0)]])
