@@ -8,12 +8,12 @@ on its host. Invalid schedules raise ``ScheduleError`` naming the op and the rul
 from __future__ import annotations
 
 import heapq
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate, chain, repeat
 from operator import attrgetter
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Pipeline, Problem
@@ -25,6 +25,8 @@ __all__ = ["OpTiming", "Timeline", "simulate", "try_simulate", "start_times", "d
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 _RC = OpKind.RECOMPUTE
+_COMPUTE, _D2H = Channel.COMPUTE, Channel.D2H
+_FUSED, _OFFLOADED, _RECOMPUTED = 1, 2, 4  # a (stage, microbatch)'s case, as bits
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,90 +301,98 @@ def _listed_after(nodes: _Nodes, earlier: Op, later: Op, at: Op, why: str) -> No
                             f"its {earlier}; {why}")
 
 
-def _graph(problem: Problem, schedule: Schedule) -> tuple[list[Op], list[int], list[list[tuple[int, float]]]]:
+def _graph(problem: Problem, schedule: Schedule) -> _Graph:
     """Nodes in (device, position) order and, per node, (predecessor node, lag ms).
 
     The data waits are the op's (semantics.py); the schedule adds the device order of compute
     ops, the issue point of a transfer (the compute op listed before it) and channel order.
     """
     nodes = _check_ops(problem, schedule)
-    ops, node_device = nodes.ops, nodes.device
-    index = {op: n for n, op in enumerate(ops)}
-    preds: list[list[tuple[int, float]]] = [[] for _ in ops]
-    rules = _Rules(problem, ops)
-    n = 0
-    for device_ops in schedule.devices:
-        last: dict[Channel, int] = {}
-        for op in device_ops:
-            mine = preds[n]
-            channel = CHANNEL[op.kind]
-            if Channel.COMPUTE in last:
-                mine.append((last[Channel.COMPUTE], 0.0))  # device order, or a transfer's issue point
-            if channel is not Channel.COMPUTE and channel in last:
-                mine.append((last[channel], 0.0))
-            last[channel] = n
-            i = op.microbatch
-            for kind, stage, lag in rules.waits(op):
-                mine.append((index[Op(kind, stage, i)], lag))
-            n += 1
-    return ops, node_device, preds
+    rules = _Rules(problem, nodes)
+    index, keys, first = nodes.index, nodes.keys, nodes.first
+    preds: list[list[tuple[int, float]]] = []
+    effects: list[tuple[tuple[Place, bool, int], ...]] = []
+    for device in range(len(schedule.devices)):
+        compute = d2h = h2d = None  # the last node on each channel
+        for n in range(first[device], first[device + 1]):
+            kind, stage, i = keys[n]
+            channel, data, effect = rules.of(kind, stage, i)
+            mine = [(compute, 0.0)] if compute is not None else []  # device order, or a transfer's issue point
+            if channel is _COMPUTE:
+                compute = n
+            elif channel is _D2H:
+                if d2h is not None:
+                    mine.append((d2h, 0.0))
+                d2h = n
+            else:
+                if h2d is not None:
+                    mine.append((h2d, 0.0))
+                h2d = n
+            for wait_kind, wait_stage, lag in data:
+                mine.append((index[wait_kind, wait_stage, i], lag))
+            preds.append(mine)
+            effects.append(effect)
+    return _Graph(nodes.ops, nodes.device, preds, effects)
+
+
+class _Graph(NamedTuple):
+    ops: list[Op]
+    device: list[int]  # per node
+    preds: list[list[tuple[int, float]]]  # per node, (predecessor, lag ms)
+    effects: list[tuple[tuple[Place, bool, int], ...]]  # per node, _Rules.of's
 
 
 class _Rules:
     """semantics.py's answers for one schedule, asked once per (kind, stage, case): the simulator
     is hot, and an op's waits and effects depend on its microbatch only through its own index."""
 
-    def __init__(self, problem: Problem, present):
+    def __init__(self, problem: Problem, nodes: _Nodes):
         self.problem = problem
-        self.fused = {(op.stage, op.microbatch) for op in present if op.kind is _BW}
-        self.offloaded = {(op.stage, op.microbatch) for op in present if op.kind is _OFF}
-        self.recomputed = {(op.stage, op.microbatch) for op in present if op.kind is _RC}
-        self._waits: dict = {}
-        self._effects: dict = {}
+        self.case: dict[tuple[int, int], int] = {}  # (stage, microbatch) -> _FUSED | _OFFLOADED | _RECOMPUTED
+        for kind, bit in ((_BW, _FUSED), (_OFF, _OFFLOADED), (_RC, _RECOMPUTED)):
+            for pair in nodes.of_kind(kind):
+                self.case[pair] = self.case.get(pair, 0) | bit
+        self._rules: dict = {}
 
-    def waits(self, op: Op) -> tuple[tuple[OpKind, int, float], ...]:
-        s, i = op.stage, op.microbatch
-        key = (op.kind, s, (s + 1, i) in self.fused, (s, i) in self.offloaded, (s, i) in self.recomputed)
-        rule = self._waits.get(key)
+    def of(self, kind: OpKind, s: int, i: int) -> tuple[Channel, tuple[tuple[OpKind, int, float], ...],
+                                                         tuple[tuple[Place, bool, int], ...]]:
+        """The op's channel, waits (kind, stage, lag) and effects (place, at the end?, bytes taken
+        (+) or released (-))."""
+        case = self.case.get((s, i), 0)
+        above = (kind is _B or kind is _BW) and bool(self.case.get((s + 1, i), 0) & _FUSED)  # only backwards ask
+        key = (kind, s, case, above)
+        rule = self._rules.get(key)
         if rule is None:
-            rule = self._waits[key] = tuple(
-                (w.op.kind, w.op.stage, w.lag_ms)
-                for w in waits(self.problem, Op(op.kind, s, 0), fused_above=key[2], offloaded=key[3],
-                               recomputed=key[4]))
-        return rule
-
-    def effects(self, op: Op) -> tuple[tuple[Place, bool, int], ...]:
-        """(place, at the end?, bytes taken (+) or released (-))."""
-        pair = (op.stage, op.microbatch)
-        key = (op.kind, op.stage, pair in self.fused, pair in self.offloaded, pair in self.recomputed)
-        rule = self._effects.get(key)
-        if rule is None:
-            rule = self._effects[key] = tuple(
-                (e.place, e.at is At.END, e.delta)
-                for e in effects(self.problem, Op(op.kind, op.stage, 0), fused=key[2], offloaded=key[3],
-                                 recomputed=key[4]))
+            op, problem = Op(kind, s, 0), self.problem
+            fused, offloaded, recomputed = bool(case & _FUSED), bool(case & _OFFLOADED), bool(case & _RECOMPUTED)
+            rule = self._rules[key] = (
+                CHANNEL[kind],
+                tuple((w.op.kind, w.op.stage, w.lag_ms)
+                      for w in waits(problem, op, fused_above=above, offloaded=offloaded, recomputed=recomputed)),
+                tuple((e.place, e.at is At.END, e.delta)
+                      for e in effects(problem, op, fused=fused, offloaded=offloaded, recomputed=recomputed)))
         return rule
 
 
 def start_times(problem: Problem, schedule: Schedule, measure: Callable[[float], float]) -> dict[Op, float]:
     """Each op's start under the simulator's rule, with every duration and lag passed through
     ``measure`` first: ``measure=grid.up`` gives a schedule's times in a model's units."""
-    ops, node_device, preds = _graph(problem, schedule)
-    duration = [measure(duration_ms(problem, op)) for op in ops]
-    scaled = [[(p, measure(lag)) for p, lag in mine] for mine in preds]
-    start, _ = _paths(problem, ops, node_device, scaled, duration)
-    return dict(zip(ops, start))
+    graph = _graph(problem, schedule)
+    duration = [measure(duration_ms(problem, op)) for op in graph.ops]
+    scaled = [[(p, measure(lag)) for p, lag in mine] for mine in graph.preds]
+    start, _ = _paths(problem, graph.ops, graph.device, scaled, duration)
+    return dict(zip(graph.ops, start))
 
 
 def simulate(problem: Problem, schedule: Schedule) -> Timeline:
-    ops, node_device, preds = _graph(problem, schedule)
-    count = len(ops)
+    graph = _graph(problem, schedule)
+    ops, node_device = graph.ops, graph.device
     duration = [duration_ms(problem, op) for op in ops]
-    start, end = _paths(problem, ops, node_device, preds, duration)
-    timings = tuple(OpTiming(ops[k], node_device[k], start[k], end[k]) for k in range(count))
-    first = min(start) if count else 0.0
-    makespan = (max(end) - first) if count else 0.0
-    return _replay_memory(problem, schedule, timings, makespan, first)
+    start, end = _paths(problem, ops, node_device, graph.preds, duration)
+    timings = tuple(map(OpTiming, ops, node_device, start, end))
+    first = min(start) if ops else 0.0
+    makespan = (max(end) - first) if ops else 0.0
+    return _replay_memory(problem, schedule, graph, start, end, timings, makespan, first)
 
 
 def try_simulate(problem: Problem, schedule: Schedule) -> Timeline | None:
@@ -397,7 +407,7 @@ def try_simulate(problem: Problem, schedule: Schedule) -> Timeline | None:
 def _successors(preds) -> tuple[list[list[tuple[int, float]]], list[int]]:
     """The wait graph turned around: per node its (successor, lag) and how many waits it has."""
     succs: list[list[tuple[int, float]]] = [[] for _ in preds]
-    indegree = [len(mine) for mine in preds]
+    indegree = list(map(len, preds))
     for k, mine in enumerate(preds):
         for p, lag in mine:
             succs[p].append((k, lag))
@@ -466,15 +476,18 @@ def _longest_paths(ops, node_device, preds, duration) -> tuple[list[float], list
     succs, indegree = _successors(preds)
     start = [0.0] * count
     end = [0.0] * count
-    queue = deque(k for k in range(count) if indegree[k] == 0)
-    done = 0
-    while queue:
-        k = queue.popleft()
-        done += 1
+    done = [k for k in range(count) if indegree[k] == 0]  # first in, first finished; grows as ops come free
+    for k in done:
         finish = start[k] + duration[k]
         end[k] = finish
-        queue.extend(_release(succs[k], finish, start, indegree))
-    if done < count:
+        for nxt, lag in succs[k]:  # _release, inline: this loop is the simulator's hottest
+            t = finish + lag
+            if t > start[nxt]:
+                start[nxt] = t
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                done.append(nxt)
+    if len(done) < count:
         raise ScheduleError(_describe_cycle(ops, node_device, preds, indegree))
     return start, end
 
@@ -509,28 +522,28 @@ def _describe_cycle(ops, node_device, preds, indegree) -> str:
             f"reorder the device lists so that every op comes after what it needs")
 
 
-def _replay_memory(problem: Problem, schedule: Schedule, timings, makespan: float, first: float) -> Timeline:
+def _replay_memory(problem: Problem, schedule: Schedule, graph: _Graph, start: list[float], end: list[float],
+                   timings: tuple[OpTiming, ...], makespan: float, first: float) -> Timeline:
     """Each op's memory effects (semantics.effects: holds taken at starts, released at ends)
     become events at its times; at one instant releases come before allocations."""
     devices = problem.devices
-    events = {Place.DEVICE: [[] for _ in range(devices)], Place.HOST: [[] for _ in range(devices)]}
+    on_device: list[list[tuple[float, int, int]]] = [[] for _ in range(devices)]
+    on_host: list[list[tuple[float, int, int]]] = [[] for _ in range(devices)]
     busy = [0.0] * devices
-    rules = _Rules(problem, [t.op for t in timings])
-    for t in timings:
-        if t.op.kind in COMPUTE_KINDS:
-            busy[t.device] += t.end - t.start
-        for place, at_end, delta in rules.effects(t.op):
-            if at_end:
-                events[place][t.device].append((instant(t.end), 0, delta))
-            else:
-                events[place][t.device].append((instant(t.start), 1, delta))
+    for op, device, began, ended in zip(graph.ops, graph.device, start, end):
+        if op.kind in COMPUTE_KINDS:
+            busy[device] += ended - began
+    for k, effect in enumerate(graph.effects):
+        for place, at_end, delta in effect:
+            events = (on_host if place is Place.HOST else on_device)[graph.device[k]]
+            events.append((instant(end[k]), 0, delta) if at_end else (instant(start[k]), 1, delta))
     curves, peaks, peak_times, host_peaks = [], [], [], []
     for d in range(devices):
-        curve, peak, when = _curve(events[Place.DEVICE][d])
+        curve, peak, when = _curve(on_device[d])
         curves.append(curve)
         peaks.append(peak)
         peak_times.append(when - first if curve else 0.0)
-        host_peaks.append(_curve(events[Place.HOST][d])[1])
+        host_peaks.append(_curve(on_host[d])[1])
     return Timeline(
         problem=problem,
         schedule_name=schedule.name,
