@@ -472,24 +472,52 @@ def _shared_paths(problem: Problem, ops, node_device, preds, duration) -> tuple[
 
 
 def _longest_paths(ops, node_device, preds, duration) -> tuple[list[float], list[float]]:
+    """Each op starts when the last of its waits is met: the largest end + lag, or 0. A depth-first
+    walk up the waits finishes an op once all it waits for have. Unlike Kahn's order it needs no
+    successor lists (a tuple per wait, and more for the garbage collector to chase); a walk that
+    comes back to an op it is waiting on has found a cycle."""
     count = len(ops)
-    succs, indegree = _successors(preds)
     start = [0.0] * count
     end = [0.0] * count
-    done = [k for k in range(count) if indegree[k] == 0]  # first in, first finished; grows as ops come free
-    for k in done:
-        finish = start[k] + duration[k]
-        end[k] = finish
-        for nxt, lag in succs[k]:  # _release, inline: this loop is the simulator's hottest
-            t = finish + lag
-            if t > start[nxt]:
-                start[nxt] = t
+    state = [0] * count  # 0 not reached, 1 on the walk, 2 finished
+    for root in range(count):
+        if state[root]:
+            continue
+        walk = [root]
+        state[root] = 1
+        while walk:
+            k = walk[-1]
+            for p, _ in preds[k]:
+                if state[p] != 2:
+                    if state[p] == 1:  # the walk came back to an op it is waiting on
+                        raise ScheduleError(_describe_cycle(ops, node_device, preds, _unmet(preds)))
+                    state[p] = 1
+                    walk.append(p)
+                    break
+            else:
+                walk.pop()
+                ready = 0.0
+                for p, lag in preds[k]:
+                    t = end[p] + lag
+                    if t > ready:
+                        ready = t
+                start[k] = ready
+                end[k] = ready + duration[k]
+                state[k] = 2
+    return start, end
+
+
+def _unmet(preds) -> list[int]:
+    """Per op, its waits on ops that never finish once every op that can has (Kahn's count):
+    nonzero on the ops a cycle holds up, for _describe_cycle."""
+    succs, indegree = _successors(preds)
+    free = [k for k in range(len(preds)) if indegree[k] == 0]
+    for k in free:  # grows as ops come free
+        for nxt, _ in succs[k]:
             indegree[nxt] -= 1
             if indegree[nxt] == 0:
-                done.append(nxt)
-    if len(done) < count:
-        raise ScheduleError(_describe_cycle(ops, node_device, preds, indegree))
-    return start, end
+                free.append(nxt)
+    return indegree
 
 
 def _release(successors, finish: float, ready: list[float], indegree: list[int]):
