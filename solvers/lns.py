@@ -27,8 +27,9 @@ incumbent, and a kind's retries look at larger slices. Every accepted step is si
 and is no worse than the incumbent.
 
 Restarts: with other warm starts, each gets a share of the time first; the search then goes on
-from the best of them. Measured with compile at 30 s on 2 cores (issue 11), none of this moved
-the makespan of gpt-p8-v2-m32-quarter, longseq-p8-v2-m16, zb15b-p8-m32, zb15b-p8-m32-half or
+from the best of them, trading incumbents with a second search when compile runs two
+(portfolio.py: one per core; ``peer``). Measured with compile at 30 s on 2 cores (issue 11),
+none of this moved the makespan of gpt-p8-v2-m32-quarter, longseq-p8-v2-m16, zb15b-p8-m32, zb15b-p8-m32-half or
 scale-p16-v2-m64 by more than 0.1% either way (the built-in demo problem at 20 s: 2,899 ms with
 time windows alone, 2,884 ms with all of it); on each, the path that sets the makespan is the last microbatch's
 backward chain through a cool-down in which every device runs B and W in turn; list moves that
