@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from optpipe.core.schedule import Schedule
 
@@ -65,10 +65,27 @@ class Peer:
                 message = self.inbox.get_nowait()
             except queue.Empty:
                 return best
-            kind = message[0]
-            if kind == "stop":
-                self.stopped = True
-            elif kind in ("done", "failed"):
-                self.done = message
-            elif kind == "incumbent" and (best is None or message[1] < best[0]):
-                best = (message[1], message[2])
+            best = self._take(message, best)
+
+    def wait(self, ended: Callable[[], bool], until: float, alive: Callable[[], bool] = lambda: True) -> None:
+        """Read messages until ``ended()`` (a stop or the other's end came), ``until`` (monotonic s)
+        passes, or the other side is no longer ``alive()`` with nothing left to read."""
+        while not ended() and time.monotonic() < until:
+            try:
+                message = self.inbox.get(timeout=max(0.01, min(0.5, until - time.monotonic())))
+            except queue.Empty:
+                if not alive():
+                    return
+                continue
+            self._take(message, None)
+
+    def _take(self, message: tuple, best: tuple | None) -> tuple | None:
+        """Note a stop or an end; return the better of ``best`` and an incumbent."""
+        kind = message[0]
+        if kind == "stop":
+            self.stopped = True
+        elif kind in ("done", "failed"):
+            self.done = message
+        elif kind == "incumbent" and (best is None or message[1] < best[0]):
+            return (message[1], message[2])
+        return best

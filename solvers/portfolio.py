@@ -14,7 +14,6 @@ the other process fails or does not answer in time: it can only add.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import time
 from typing import Callable, Sequence
 
@@ -54,12 +53,7 @@ def _other(problem: Problem, schedule: Schedule, restarts: Sequence[Schedule], o
         outbox.put(("failed", f"{type(error).__name__}: {error}"))
     # Read what the parent sent until its stop (it sends nothing after it): a message left in the
     # pipe would block the parent's feeder thread, and break it once this process is gone.
-    while not peer.stopped and time.monotonic() < deadline + _GRACE_S:
-        try:
-            message = inbox.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        peer.stopped = message[0] == "stop"
+    peer.wait(lambda: peer.stopped, deadline + _GRACE_S)
 
 
 def improve_in_parallel(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: int = 0,
@@ -81,7 +75,7 @@ def improve_in_parallel(problem: Problem, schedule: Schedule, *, time_limit_s: f
                            restarts=restarts, peer=peer)
     finally:
         to_other.put(("stop",))
-        theirs = _answer(peer, to_us, process, deadline + _GRACE_S)
+        theirs = _answer(peer, process, deadline + _GRACE_S)
         process.join(timeout=1.0)
         if process.is_alive():
             process.terminate()
@@ -101,15 +95,7 @@ def improve_in_parallel(problem: Problem, schedule: Schedule, *, time_limit_s: f
     return Search(ours.best, windows, gains)
 
 
-def _answer(peer: Peer, inbox, process, until: float) -> tuple | None:
+def _answer(peer: Peer, process, until: float) -> tuple | None:
     """The other search's "done" message (None when it failed, died or is late)."""
-    while peer.done is None and time.monotonic() < until:
-        try:
-            message = inbox.get(timeout=max(0.01, min(0.5, until - time.monotonic())))
-        except queue.Empty:
-            if not process.is_alive():
-                break
-            continue
-        if message[0] in ("done", "failed"):
-            peer.done = message
+    peer.wait(lambda: peer.done is not None, until, process.is_alive)
     return peer.done if peer.done is not None and peer.done[0] == "done" else None
