@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from optpipe.core.errors import NotApplicable
 from optpipe.core.problem import Problem
 from optpipe.core.simulate import simulate
 
+from .heuristics._deadline import building_until, out_of_time
 from .registry import generate, generators
 from .result import Judged, fastest_fitting
 
 __all__ = ["Entry", "compare", "applicable", "best_fitting"]
 
+_LEFT_OUT = "not built: the time limit ran out first (a longer --time-limit builds it)"
 _NOT_JUDGED = {"makespan_ms": None, "bubble_ratio": None, "peak_memory_bytes": None, "host_peak_bytes": None,
                "fits_budget": False}
 
@@ -45,19 +48,36 @@ def _order(entry: Entry) -> tuple:
     return (0 if entry.fits else 1, entry.judged.makespan_ms, entry.name)
 
 
-def compare(problem: Problem, names: list[str] | None = None) -> list[Entry]:
-    """Every heuristic (or the named ones): fitting first, fastest first, then the misfits, then n/a."""
-    entries = []
-    for generator in generators():
-        if names is not None and generator.name not in names:
-            continue
-        try:
-            schedule = generate(generator.name, problem)
-        except NotApplicable as why:
-            entries.append(Entry(generator.name, None, str(why)))
-            continue
-        entries.append(Entry(generator.name, Judged(generator.name, schedule, simulate(problem, schedule))))
+def compare(problem: Problem, names: list[str] | None = None, *, deadline: float | None = None,
+            on_built: Callable[[Entry, int, int], None] | None = None) -> list[Entry]:
+    """Every heuristic (or the named ones): fitting first, fastest first, then the misfits, then n/a.
+
+    With ``deadline`` (time.monotonic(); compile's share of its time limit) the cheaper
+    generators are built first (``Generator.effort``), variant searches stop at the deadline
+    with the fastest variant found (heuristics/_deadline.py), and once it has passed the
+    generators not yet started are left out, listed with the reason, but only when one built
+    already fits: the deadline never costs the only schedule that fits. ``on_built(entry, k,
+    n)``: called after each, for live progress."""
+    chosen = [g for g in sorted(generators(), key=lambda g: g.effort) if names is None or g.name in names]
+    entries: list[Entry] = []
+    with building_until(deadline):
+        for k, generator in enumerate(chosen):
+            if out_of_time() and any(e.fits for e in entries):
+                entry = Entry(generator.name, None, _LEFT_OUT)
+            else:
+                entry = _built(problem, generator.name)
+            entries.append(entry)
+            if on_built is not None:
+                on_built(entry, k + 1, len(chosen))
     return sorted(entries, key=_order)
+
+
+def _built(problem: Problem, name: str) -> Entry:
+    try:
+        schedule = generate(name, problem)
+    except NotApplicable as why:
+        return Entry(name, None, str(why))
+    return Entry(name, Judged(name, schedule, simulate(problem, schedule)))
 
 
 def applicable(entries: list[Entry]) -> list[Judged]:

@@ -49,6 +49,7 @@ from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate
 
+from ._deadline import out_of_time
 from ._placed import Placed, StageCosts
 
 __all__ = ["GreedyPolicy", "greedy_schedule", "cost_aware", "POLICIES", "KEEP_POLICIES"]
@@ -276,19 +277,24 @@ def cost_aware(problem: Problem, base: Schedule, search: bool = True) -> Schedul
 
     Variants: ``base``'s F/B order with every W placed again at real costs (``keep_order``),
     and, with ``search``, the free list schedules of every policy. On the closed forms' own grid
-    (F = B = W, p2p = 0) ``base`` is returned as it is. Ties keep ``base``.
+    (F = B = W, p2p = 0) ``base`` is returned as it is. Ties keep ``base``. Past the build
+    deadline (``_deadline.py``) no further variant is tried.
     """
     if _uniform(problem):
         return base
     timeline = simulate(problem, base)
     cap = timeline.peak
     best, best_key = base, (timeline.makespan, cap)
-    candidates = [greedy_schedule(base.name, problem, cap, policy, keep_order=base, free_after=after)
-                  for policy in KEEP_POLICIES for after in (None, "last F", "first B")]
+    builds = [lambda policy=policy, after=after: greedy_schedule(base.name, problem, cap, policy, keep_order=base,
+                                                                 free_after=after)
+              for policy in KEEP_POLICIES for after in (None, "last F", "first B")]
     if search:
-        candidates += [greedy_schedule(base.name, problem, cap, policy) for policy in POLICIES]
+        builds += [lambda policy=policy: greedy_schedule(base.name, problem, cap, policy) for policy in POLICIES]
     seen = {base.devices}  # variants often give the same order: time each order once
-    for candidate in candidates:
+    for build in builds:
+        if out_of_time():
+            break
+        candidate = build()
         if candidate is None or candidate.devices in seen:
             continue
         seen.add(candidate.devices)

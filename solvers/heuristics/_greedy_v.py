@@ -18,6 +18,7 @@ from optpipe.core.problem import Costs, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate
 
+from ._deadline import out_of_time
 from ._placed import Placed
 
 __all__ = ["RoundPolicy", "ROUND_POLICIES", "v_rounds", "cost_aware_v"]
@@ -221,7 +222,8 @@ class _Rounds:
 def cost_aware_v(problem: Problem, base: Schedule, warmup: Schedule, cap: int) -> Schedule:
     """The fastest of ``base`` and ``v_rounds`` (every ROUND_POLICIES, real and stage-averaged costs)
     within ``cap`` bytes per device (the block schedule's peak; ``base`` must fit it). ``warmup``:
-    the schedule whose warm-up forwards the rounds start from. Ties keep ``base``."""
+    the schedule whose warm-up forwards the rounds start from. Ties keep ``base``; past the build
+    deadline (``_deadline.py``) no further round order is tried."""
     timeline = simulate(problem, base)
     best, best_key = base, (timeline.makespan, timeline.peak)
     costs, stages = problem.costs, problem.stages
@@ -233,6 +235,8 @@ def cost_aware_v(problem: Problem, base: Schedule, warmup: Schedule, cap: int) -
                                                   mean(costs.backward_weight), costs.p2p)))
     for view in views:
         for policy in ROUND_POLICIES:
+            if out_of_time():
+                return best
             candidate = v_rounds(base.name, view, cap, warmup, policy)
             if candidate is None:
                 continue

@@ -22,16 +22,20 @@ class Generator:
     build: Callable[[Problem], Schedule]
     source: str  # paper and section it follows
     summary: str  # one line: what it promises
+    # how long it takes to build: 0 an order written down; 1 a list schedule placed op by op;
+    # 2 a search over variants (stops at compile's build deadline, _deadline.py). `compare`
+    # builds the cheaper ones first, so a time limit that runs out leaves out the costly ones.
+    effort: int = 0
 
 
 REGISTERED: dict[str, Generator] = {}  # in registration order: the order `compare` lists them
 
 
-def register(name: str, source: str, summary: str):
+def register(name: str, source: str, summary: str, effort: int = 0):
     def wrap(build: Callable[[Problem], Schedule]) -> Callable[[Problem], Schedule]:
         if name in REGISTERED:
             raise RuntimeError(f"schedule generator {name!r} registered twice")
-        REGISTERED[name] = Generator(name, build, source, summary)
+        REGISTERED[name] = Generator(name, build, source, summary, effort)
         return build
 
     return wrap

@@ -64,7 +64,7 @@ def _device_order(p: int, v: int, m: int, d: int) -> list[Op]:
 
 @register("ZB-I", "Qi et al., Zero Bubble PP (arXiv 2401.10241) ZB-H1 on interleaved placement; "
                   "PyTorch ScheduleInterleavedZeroBubble",
-          "v >= 2 chunks, split B/W, W held back to fill the bubble; (v-1)g + p activations on device 0")
+          "v >= 2 chunks, split B/W, W held back to fill the bubble; (v-1)g + p activations on device 0", effort=2)
 def zb_interleaved(problem: Problem) -> Schedule:
     require_interleaved_rounds(problem, "ZB-I", "use ZB-H1 for one chunk per device")
     pipe = problem.pipeline

@@ -72,7 +72,7 @@ def longest_half_per_device(problem: Problem, timeline) -> frozenset[int]:
     return frozenset(chosen)
 
 
-@register("PO-H", _SOURCE, "GIS-H with the longest-lived half of the stages offloaded")
+@register("PO-H", _SOURCE, "GIS-H with the longest-lived half of the stages offloaded", effort=1)
 def po_h(problem: Problem) -> Schedule:
     _require_offload(problem, "PO-H")
     base = gis_h(problem)
@@ -82,7 +82,8 @@ def po_h(problem: Problem) -> Schedule:
     return add_hidden_offloads(problem, base, chosen).renamed("PO-H")
 
 
-@register("PO-F", _SOURCE, "GIS-H with every activation offloaded that fits a round trip; needs k <= 1")
+@register("PO-F", _SOURCE, "GIS-H with every activation offloaded that fits a round trip; needs k <= 1",
+          effort=1)
 def po_f(problem: Problem) -> Schedule:
     _require_offload(problem, "PO-F")
     for stage in range(problem.stages):

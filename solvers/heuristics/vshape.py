@@ -47,6 +47,7 @@ from optpipe.core.problem import Placement, Problem
 from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
 
+from ._deadline import out_of_time
 from ._register import register, require
 from ._greedy import _uniform, cost_aware
 from ._greedy_v import cost_aware_v
@@ -71,7 +72,8 @@ def _fastest(name: str, problem: Problem, block: VBlock) -> Schedule:
     The default reordering sets the memory limit (the paper's peak, as counted above); the
     others differ in how W fill the free slots and which moves the memory check allows, and at
     real costs one or another is faster. At costs other than F = B = W, p2p = 0 the round-based
-    orders (``cost_aware_v``) under the same limit are tried too.
+    orders (``cost_aware_v``) under the same limit are tried too. Past the build deadline
+    (``_deadline.py``) each of these stops with the fastest it has.
     """
     default = v_schedule(name, problem, block)
     first = simulate(problem, default)
@@ -79,6 +81,8 @@ def _fastest(name: str, problem: Problem, block: VBlock) -> Schedule:
     best, best_key = default, None
     seen = {}  # several reorderings often give the same order: time each order once
     for how in REORDERS:
+        if out_of_time():
+            break
         candidate = default if how == REORDERS[0] else v_schedule(name, problem, block, how)
         if candidate.devices in seen:
             continue
@@ -103,19 +107,21 @@ def _require_vshape(name: str, problem: Problem) -> None:
 
 
 @register("ZBV", _SOURCE + "; ZB-V of arXiv 2401.10241 section 6",
-          "V-shape, split backward; 1F1B's memory (2p chunk activations), idle only p-1 slots of pipeline fill")
+          "V-shape, split backward; 1F1B's memory (2p chunk activations), idle only p-1 slots of pipeline fill",
+          effort=2)
 def zbv(problem: Problem) -> Schedule:
     _require_vshape("ZBV", problem)
     return _fastest("ZBV", problem, ZBV_BLOCK)
 
 
-@register("V-Half", _SOURCE, "V-shape, split backward; about half of 1F1B's memory and of its bubble")
+@register("V-Half", _SOURCE, "V-shape, split backward; about half of 1F1B's memory and of its bubble", effort=2)
 def v_half(problem: Problem) -> Schedule:
     _require_vshape("V-Half", problem)
     return _fastest("V-Half", problem, V_HALF_BLOCK)
 
 
-@register("V-Min", _SOURCE, "V-shape, split backward; about a third of 1F1B's memory, two thirds of its bubble")
+@register("V-Min", _SOURCE, "V-shape, split backward; about a third of 1F1B's memory, two thirds of its bubble",
+          effort=2)
 def v_min(problem: Problem) -> Schedule:
     _require_vshape("V-Min", problem)
     return _fastest("V-Min", problem, V_MIN_BLOCK)

@@ -111,12 +111,12 @@ def _build(name: str, problem: Problem, order) -> Schedule:
 
 
 @register("ZB-H1", "Qi et al., Zero Bubble PP (arXiv 2401.10241), section 2.1, figure 3 top",
-          "split B/W, 1F1B memory (p in flight); bubble (p-1)(F+B-W), a third of 1F1B's")
+          "split B/W, 1F1B memory (p in flight); bubble (p-1)(F+B-W), a third of 1F1B's", effort=2)
 def zb_h1(problem: Problem) -> Schedule:
     return _build("ZB-H1", problem, zb_h1_order)
 
 
 @register("ZB-H2", "Qi et al., Zero Bubble PP (arXiv 2401.10241), section 2.2, figure 3 bottom",
-          "split B/W, 2p-1 in flight; no gap on any device from its first op to its last")
+          "split B/W, 2p-1 in flight; no gap on any device from its first op to its last", effort=2)
 def zb_h2(problem: Problem) -> Schedule:
     return _build("ZB-H2", problem, zb_h2_order)
