@@ -294,12 +294,16 @@ def _more_offloads(problem: Problem, timeline: Timeline, have: frozenset) -> fro
     return frozenset(chosen)
 
 
-def _place(problem: Problem, compute: Schedule, pairs: frozenset, policy: str) -> Schedule:
+def _place(problem: Problem, compute: Schedule, pairs: frozenset, policy: str,
+           deadline: float | None = None) -> Schedule | None:
+    """``compute`` with ``pairs`` offloaded by ``policy``; None when hiding them runs past ``deadline``
+    (on a saturated link that takes a round of two simulations per pair dropped: minutes at
+    p = 64, m = 512)."""
     if not pairs:
         return compute
     if policy == "all":
         return add_offloads(problem, compute, pairs)
-    return add_hidden_offloads(problem, compute, pairs)
+    return add_hidden_offloads(problem, compute, pairs, deadline)
 
 
 def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadline: float | None = None,
@@ -334,16 +338,18 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
         if offload and misses < 2:
             wanted = _more_offloads(problem, timeline, pairs)
             if wanted != pairs:
-                trial = _place(problem, compute, wanted, policy)
+                trial = _place(problem, compute, wanted, policy, deadline)
+                if trial is None:
+                    return None
                 trial_timeline = simulate(problem, trial)
                 if excess(trial_timeline) < excess(timeline):
                     placed, timeline, pairs, misses = trial, trial_timeline, trial.offloaded, 0
                     continue
                 misses += 1
         over = [d for d in range(problem.devices) if timeline.peak_memory[d] > problem.memory.budget]
-        step = _held_back(problem, compute, timeline, over, pairs, policy, max_step, stalled)
+        step = _held_back(problem, compute, timeline, over, pairs, policy, max_step, stalled, deadline)
         if step is None and not stalled:
-            step = _held_back(problem, compute, timeline, over, pairs, policy, max_step, True)
+            step = _held_back(problem, compute, timeline, over, pairs, policy, max_step, True, deadline)
         if step is None:
             return None
         stalled = excess(step[2]) >= excess(timeline)
@@ -353,8 +359,10 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
 
 
 def _held_back(problem: Problem, compute: Schedule, timeline: Timeline, over: list[int], pairs: frozenset,
-               policy: str, max_step: int | None, pull_weights: bool) -> tuple[Schedule, Schedule, Timeline] | None:
-    """Hold back the overflowing devices and place the offloads again; None when nothing moves.
+               policy: str, max_step: int | None, pull_weights: bool,
+               deadline: float | None = None) -> tuple[Schedule, Schedule, Timeline] | None:
+    """Hold back the overflowing devices and place the offloads again; None when nothing moves
+    (or placing them runs past ``deadline``).
 
     ``_propagate`` rules out the cycles that holding back makes; should the simulator still find
     one, or an offload not place, the repair ends there (None) rather than guess.
@@ -363,8 +371,8 @@ def _held_back(problem: Problem, compute: Schedule, timeline: Timeline, over: li
     if moved.devices == compute.devices:
         return None
     try:
-        placed = _place(problem, moved, pairs, policy) if problem.offload.enabled else moved
-        return moved, placed, simulate(problem, placed)
+        placed = _place(problem, moved, pairs, policy, deadline) if problem.offload.enabled else moved
+        return None if placed is None else (moved, placed, simulate(problem, placed))
     except OptpipeError:
         return None
 

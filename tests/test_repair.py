@@ -113,3 +113,23 @@ def test_zb_h1_repaired_by_pulling_its_deferred_weight_passes():
     assert not simulate(problem, schedule).fits
     repaired = repair(problem, schedule, "all", max_step=1)
     assert repaired is not None and simulate(problem, repaired.schedule).fits
+
+
+def test_hiding_offloads_past_the_deadline_ends_the_repair(monkeypatch):
+    # at p = 64, m = 512 hiding a round's offloads took minutes; out of time it gives up (None)
+    import optpipe.solvers.repair as repair_module
+
+    base = _problem()
+    problem = base.with_budget(int(_peak(base, "PO-H") * 0.9))
+    schedule = generate("PO-H", problem)
+    assert repair(problem, schedule, "hidden", max_step=1) is not None
+    asked = []
+
+    def out_of_time(problem, schedule, pairs, deadline=None):
+        asked.append(deadline)
+        return None
+
+    monkeypatch.setattr(repair_module, "add_hidden_offloads", out_of_time)
+    deadline = 10**9.0  # far off: only the placement runs out of time
+    assert repair(problem, schedule, "hidden", deadline, max_step=1) is None
+    assert asked and set(asked) == {deadline}
