@@ -1,6 +1,8 @@
 """optpipe compile, minus the terminal: heuristics, warm starts, a solver, and the verdict.
 
-1. Judge every heuristic (compare.py); the best that fits is the baseline.
+1. Judge every heuristic (compare.py); the best that fits is the baseline. They get a quarter of
+   the time limit: past it the costly ones are left out once one fits (at p = 64, m = 512 they
+   take over a minute), and every phase after them reports what it is doing on the live line.
 2. Build warm starts (warmstart.py): heuristics with their activations offloaded often fit
    where the plain ones do not; the fastest that still overflow are repaired until they fit
    (repair.py: more offload, fewer forwards in flight where a device overflows).
@@ -65,6 +67,11 @@ _MAX_EXACT_OPS_PER_DEVICE = 48
 # the larger one was measured to pay only there.
 _WARM_SHARE, _WIDE_WARM_SHARE, _WIDE = 0.3, 0.45, 16
 _WARM_AFTER = 0.2  # ... or this much after the heuristics, when they took longer (within the limit)
+# Of the time limit, for building the heuristics: past it the costly ones are left out, once one
+# fits (compare.py). At p = 64, v = 2, m = 512 they took 70 s (ZB-I's variants alone 47 s), and a
+# 30 s limit returned after 77 s with 1F1B-capped at twice the bound; the small ones take
+# milliseconds and p = 32, m = 256 about 17 s, so below that scale nothing changes.
+_HEURISTICS_SHARE = 0.25
 _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
 _EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.5  # repair the plain heuristics first for this much of the limit when
@@ -149,18 +156,25 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     workers = workers or max(2, os.cpu_count() or 1)  # CP-SAT's portfolio needs two workers at least
     report = on_progress or (lambda progress: None)
     bound = makespan_lower_bound(problem)
-    entries = compare(problem)
-    baseline = best_fitting(entries)
     if solver.startswith("heuristic:"):
-        return _heuristic(problem, solver, entries, baseline, bound, began)
+        entries = compare(problem)
+        return _heuristic(problem, solver, entries, baseline=best_fitting(entries), bound=bound, began=began)
+    entries = compare(problem, deadline=began + _HEURISTICS_SHARE * time_limit_s, on_built=_live(report, bound, began))
+    baseline = best_fitting(entries)
+    phase = lambda message, best: report(Progress(  # noqa: E731  (seconds each at p = 64, m = 512)
+        time.monotonic() - began, best.timeline.makespan if best else None, bound.value, f"warm starts: {message}"))
     end = began + time_limit_s
+    if _tight(problem, entries):
+        phase("repairing the nearly fitting heuristics", baseline)
     early = _early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
     warm_until = _warm_until(problem, began, time_limit_s)
     given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
+    phase("W-filled and offloaded variants", fastest_fitting([*given, *(early or []), *([baseline] if baseline else [])]))
     candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value,
                                      capped=early is None) + (early or [])
     now = time.monotonic()
     if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
+        phase("repairing the fastest that overflow", fastest_fitting(candidates))
         repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
         plain = {e.name for e in entries} if early is not None else set()  # repaired already
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
@@ -182,8 +196,11 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     reserve = _simulate_s(problem, start) if start is not None else 0.0
     left = max(0.0, time_limit_s - (time.monotonic() - began) - reserve)
     meets_bound = start is not None and start.timeline.makespan <= bound.value + _EPS
+    # with a fitting start and no time left (p = 64, m = 512 at 60 s), the search is not begun:
+    # setting it up alone takes seconds there
+    out_of_time = start is not None and left <= _MIN_REPAIR_S
     warnings: list[str] = []
-    result = None if meets_bound else _verified(problem, solver, warnings, lambda: _run(
+    result = None if meets_bound or out_of_time else _verified(problem, solver, warnings, lambda: _run(
         problem, solver, hint, left, seed, workers, on_progress, bound, candidates, mixes_only=mixes_only,
         resolution_ms=resolution))
     elapsed = time.monotonic() - began
@@ -195,6 +212,10 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     reason = bound.reason if lower == bound.value else f"{solver}'s own bound"
     lower = min(lower, timeline.makespan)
     status, note = _verdict(result, start, name, timeline, lower, baseline)
+    if out_of_time and status is not SolveStatus.OPTIMAL:
+        what = (f"no improvement on {name}, the best fitting heuristic; returning it"
+                if status is SolveStatus.NO_IMPROVEMENT else f"returning the warm start {name}")
+        note = f"the time limit ran out before the search could begin: {what} (a longer --time-limit searches on)"
     return Compiled(problem, solver, status, chosen, lower, reason, elapsed, baseline,
                     start.name if start else "-", note, result.resolution_ms if result else None, tuple(warnings))
 
@@ -218,6 +239,20 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
                              workers=workers, seed=seed)
     report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, "bound: devices relaxed"))
     return bound
+
+
+def _live(report: Callable[[Progress], None], bound: Bound, began: float) -> Callable[[Entry, int, int], None]:
+    """compare's progress as live lines: at p = 64, m = 512 the heuristics take tens of seconds."""
+    fastest = float("inf")
+
+    def built(entry: Entry, k: int, n: int) -> None:
+        nonlocal fastest
+        if entry.fits:
+            fastest = min(fastest, entry.judged.timeline.makespan)
+        incumbent = fastest if fastest < float("inf") else None
+        report(Progress(time.monotonic() - began, incumbent, bound.value, f"heuristics: {entry.name} ({k} of {n})"))
+
+    return built
 
 
 def _warm_until(problem: Problem, began: float, time_limit_s: float) -> float:
