@@ -5,7 +5,8 @@ uneven stage costs (each stage's F drawn from 0.7..1.3 of a base, B and W in pro
 last stage heavier for the output layer); activation sizes that vary by stage; budgets from
 tight (a few activations) to ample (what interleaved 1F1B holds); host links with k = 0.3..3
 (a round trip takes k x (F + B) of a stage) or no offload. Sizes grow with p, so the grid runs
-in minutes at short time limits; ``LARGE`` adds the issue's p = 32, m = 256 case.
+in minutes at short time limits; ``LARGE`` adds the issue's p = 32, m = 256 case, and ``huge``
+is its p = 64, m = 512 case (a benchmark of its own: it takes minutes at any limit).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import random
 
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
-__all__ = ["grid", "generated", "LARGE"]
+__all__ = ["grid", "generated", "huge", "LARGE", "HUGE"]
 
 _MIB = 2**20
 # (p, v, m, budget as a fraction of 1F1B-I's activations p*v + p - 1, k or None for no offload)
@@ -27,6 +28,7 @@ _SHAPES = [
     (24, 2, 48, 0.3, 1.6), (24, 1, 96, 0.5, None), (32, 2, 64, 0.25, 1.6), (32, 1, 128, 0.35, 0.6),
 ]
 LARGE = (32, 2, 256, 0.24, 1.6)
+HUGE = (64, 2, 512, 0.24, 1.6)
 
 
 def generated(index: int, p: int, v: int, m: int, fraction: float, k: float | None, seed: int) -> Problem:
@@ -57,3 +59,8 @@ def grid(seed: int = 0, large: bool = False) -> list[Problem]:
     """The grid's problems, smallest first; with ``large`` the p = 32, m = 256 case at the end."""
     shapes = _SHAPES + ([LARGE] if large else [])
     return [generated(index, *shape, seed=seed) for index, shape in enumerate(shapes)]
+
+
+def huge(seed: int = 0) -> Problem:
+    """The p = 64, v = 2, m = 512 problem (65,536 stage-microbatch pairs), numbered after the large one."""
+    return generated(len(_SHAPES) + 1, *HUGE, seed=seed)

@@ -14,7 +14,11 @@ within 2% and within 5% of the bound, and the mean idle cut where the best fitti
 more than 1% above the bound. Every row lists every heuristic's makespan (null where it does not
 fit) in the JSON.
 
-    python -m benchmarks.solver_quality [--time-limit S] [--grid] [--time-limits 10,30,60] [--large]
+With ``--huge`` it runs issue 11's p = 64, v = 2, m = 512 problem instead, at each of the
+``--time-limits``: when compile returns against its limit, when it first knew a fitting schedule,
+the gap, and the peak memory of the process.
+
+    python -m benchmarks.solver_quality [--time-limit S] [--grid] [--time-limits 10,30,60] [--large] [--huge]
 """
 
 from __future__ import annotations
@@ -43,10 +47,10 @@ def _paths() -> list[Path]:
     return shared or instances()
 
 
-def _row(problem: Problem, time_limit_s: float, seed: int) -> dict:
+def _row(problem: Problem, time_limit_s: float, seed: int, on_progress=None) -> dict:
     began = time.monotonic()
     try:
-        compiled = compile_problem(problem, time_limit_s=time_limit_s, seed=seed)
+        compiled = compile_problem(problem, time_limit_s=time_limit_s, seed=seed, on_progress=on_progress)
     except InfeasibleError as error:
         return {"problem": problem.name, "status": "infeasible", "message": str(error),
                 "offload": problem.offload.enabled, "devices": problem.devices,
@@ -153,6 +157,42 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only:
     return rows
 
 
+def run_huge(time_limits: list[float], seed: int = 0) -> list[dict]:
+    """Issue 11's p = 64, v = 2, m = 512 row: compile within its time limit returns the best
+    heuristic it can repair, with the bound (results/solver_quality_huge.json). Its comparison
+    column is compile's own baseline: building every heuristic there takes over a minute."""
+    from .problem_grid import huge
+
+    problem = huge(seed)
+    rows = []
+    for limit in time_limits:
+        console.print(f"[dim]{problem.name}: solving for up to {limit:g} s ...[/]")
+        first: list[float] = []  # when a fitting schedule was first known
+
+        def seen(progress, first=first) -> None:
+            if progress.incumbent_ms is not None and not first:
+                first.append(progress.elapsed_s)
+
+        began = time.monotonic()
+        row = _row(problem, limit, seed, on_progress=seen)
+        rows.append({**row, "wall_s": time.monotonic() - began, "first_fitting_s": first[0] if first else None,
+                     "peak_rss_mib": _peak_rss_mib()})
+    wide = Console(highlight=False, width=max(console.width, 170))
+    wide.print(_table(rows, "optpipe compile at p = 64, v = 2, m = 512 (issue 11: the best heuristic, quickly, "
+                            "with the bound)"))
+    for r in rows:
+        first = f"{r['first_fitting_s']:.1f} s" if r["first_fitting_s"] is not None else "never"
+        console.print(f"{r['time_limit_s']:g} s limit: returned after {r['wall_s']:.1f} s, a fitting schedule known "
+                      f"after {first}, gap {r.get('gap', float('nan')):.2%}, peak memory {r['peak_rss_mib']:,} MiB")
+    save("solver_quality_huge", rows, time_limits_s=time_limits, seed=seed)
+    return rows
+
+
+def _peak_rss_mib() -> int:
+    import resource  # Unix only, as the benchmarks are
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
 def summary(rows: list[dict]) -> dict:
     """The three targets, measured."""
     solved = [r for r in rows if r["status"] != "infeasible"]
@@ -197,8 +237,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--large", action="store_true", help="with --grid: add the p = 32, m = 256 problem")
     parser.add_argument("--only", default="", metavar="TEXT",
                         help="with --grid: only the problems whose names contain TEXT (for example p8-v3)")
+    parser.add_argument("--huge", action="store_true",
+                        help="run the p = 64, v = 2, m = 512 problem at each of --time-limits instead")
     args = parser.parse_args(argv)
-    if args.grid:
+    if args.huge:
+        run_huge([float(x) for x in args.time_limits.split(",") if x], args.seed)
+    elif args.grid:
         run_grid([float(x) for x in args.time_limits.split(",") if x], args.seed, args.large, args.only)
     else:
         run(args.time_limit, args.seed)

@@ -52,13 +52,14 @@ def compare(problem: Problem, names: list[str] | None = None, *, deadline: float
             on_built: Callable[[Entry, int, int], None] | None = None) -> list[Entry]:
     """Every heuristic (or the named ones): fitting first, fastest first, then the misfits, then n/a.
 
-    With ``deadline`` (time.monotonic(); compile's share of its time limit) the cheaper
-    generators are built first (``Generator.effort``), variant searches stop at the deadline
-    with the fastest variant found (heuristics/_deadline.py), and once it has passed the
-    generators not yet started are left out, listed with the reason, but only when one built
-    already fits: the deadline never costs the only schedule that fits. ``on_built(entry, k,
-    n)``: called after each, for live progress."""
-    chosen = [g for g in sorted(generators(), key=lambda g: g.effort) if names is None or g.name in names]
+    The cheaper generators are built first (``Generator.effort``; the slow capped fallbacks last
+    of theirs). With ``deadline`` (time.monotonic(); compile's share of its time limit) variant
+    searches stop at it with the fastest variant found (heuristics/_deadline.py), and once it
+    has passed the generators not yet started are left out, listed with the reason, but only
+    when one built already fits: the deadline never costs the only schedule that fits.
+    ``on_built(entry, k, n)``: called after each, for live progress."""
+    order = sorted(generators(), key=lambda g: (g.effort, g.fallback))
+    chosen = [g for g in order if names is None or g.name in names]
     entries: list[Entry] = []
     with building_until(deadline):
         for k, generator in enumerate(chosen):

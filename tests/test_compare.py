@@ -43,7 +43,7 @@ def test_past_the_deadline_the_costly_generators_are_left_out_once_one_fits():
     assert all(by_name[name].reason.startswith("not built") for name in order[first_fit + 1:])
     assert all(not by_name[name].reason.startswith("not built") for name in order[:first_fit + 1])
     # cheapest first, and the progress counts every generator once
-    efforts = {g.name: g.effort for g in generators()}
+    efforts = {g.name: (g.effort, g.fallback) for g in generators()}
     assert [efforts[name] for name in order] == sorted(efforts[name] for name in order)
     assert [k for _, k, _ in seen] == list(range(1, len(order) + 1)) and {n for _, _, n in seen} == {len(order)}
     left_out = by_name[order[-1]]
@@ -77,3 +77,14 @@ def test_an_offload_problem_keeps_its_fitting_entries_sorted_first():
     entries = compare(problem, deadline=time.monotonic() + _PAST)
     fits = [e.fits for e in entries]
     assert fits == sorted(fits, reverse=True) and fits[0]
+
+
+def test_compile_reports_each_heuristic_as_it_is_built():
+    from optpipe.solvers.compile import compile_problem
+
+    messages = []
+    compile_problem(ROOMY, time_limit_s=0.5, workers=2, on_progress=lambda p: messages.append(p.message))
+    built = [m for m in messages if m.startswith("heuristics: ")]
+    n = len(generators())
+    assert len(built) == n and built[-1].endswith(f"({n} of {n})")
+    assert messages.index(built[-1]) < min(k for k, m in enumerate(messages) if m.startswith("warm start"))

@@ -26,16 +26,20 @@ class Generator:
     # 2 a search over variants (stops at compile's build deadline, _deadline.py). `compare`
     # builds the cheaper ones first, so a time limit that runs out leaves out the costly ones.
     effort: int = 0
+    # fits whenever one activation of each stage does (the memory-capped list schedules), and is
+    # slow: `compare` builds it last of its effort, and a deadline never leaves it out while
+    # nothing built fits (at p = 64, m = 512 PO-H, repaired, is then built in time at 30 s)
+    fallback: bool = False
 
 
 REGISTERED: dict[str, Generator] = {}  # in registration order: the order `compare` lists them
 
 
-def register(name: str, source: str, summary: str, effort: int = 0):
+def register(name: str, source: str, summary: str, effort: int = 0, fallback: bool = False):
     def wrap(build: Callable[[Problem], Schedule]) -> Callable[[Problem], Schedule]:
         if name in REGISTERED:
             raise RuntimeError(f"schedule generator {name!r} registered twice")
-        REGISTERED[name] = Generator(name, build, source, summary, effort)
+        REGISTERED[name] = Generator(name, build, source, summary, effort, fallback)
         return build
 
     return wrap

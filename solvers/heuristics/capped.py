@@ -35,7 +35,7 @@ def _device_bytes(problem: Problem, stage: int) -> int:
 
 
 @register("1F1B-capped", "memory-capped list schedule (the memory-limited 1F1B baseline)",
-          "never starts a forward the budget cannot hold; any placement", effort=1)
+          "never starts a forward the budget cannot hold; any placement", effort=1, fallback=True)
 def one_f_one_b_capped(problem: Problem) -> Schedule:
     state = _Capped(problem)
     # Each device's earliest candidate, recomputed only for the devices a commit can change: its

@@ -43,7 +43,8 @@ def _require_recompute(problem: Problem, name: str, offloads: str | None = None)
 
 
 @register("1F1B-capped-RC", "memory-capped list schedule with every activation recomputed (issue 14)",
-          "keeps only each microbatch's resident bytes between F and B; fits when one activation does", effort=1)
+          "keeps only each microbatch's resident bytes between F and B; fits when one activation does", effort=1,
+          fallback=True)
 def capped_recompute(problem: Problem) -> Schedule:
     _require_recompute(problem, "1F1B-capped-RC")
     pipe, memory = problem.pipeline, problem.memory
@@ -84,7 +85,8 @@ def po_h_recompute(problem: Problem) -> Schedule:
 
 
 @register("1F1B-capped-RC/OFF", "1F1B-capped-RC with recomputes traded for offloads the link hides (issue 14)",
-          "recomputes what the link cannot carry, offloads the rest; fits whenever 1F1B-capped-RC does", effort=1)
+          "recomputes what the link cannot carry, offloads the rest; fits whenever 1F1B-capped-RC does", effort=1,
+          fallback=True)
 def capped_recompute_offload(problem: Problem) -> Schedule:
     _require_recompute(problem, "1F1B-capped-RC/OFF", offloads="trades recomputes for offloads")
     return trade_for_offloads(problem, capped_recompute(problem)).renamed("1F1B-capped-RC/OFF")
