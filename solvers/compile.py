@@ -70,7 +70,7 @@ _WARM_AFTER = 0.2  # ... or this much after the heuristics, when they took longe
 # Of the time limit, for building the heuristics: past it the costly ones are left out, once one
 # fits (compare.py). At p = 64, v = 2, m = 512 they took 70 s (ZB-I's variants alone 47 s), and a
 # 30 s limit returned after 77 s with 1F1B-capped at twice the bound; the small ones take
-# milliseconds and p = 32, m = 256 about 17 s, so below that scale nothing changes.
+# milliseconds and p = 32, m = 256 about 13 s, so below that scale nothing changes at 60 s.
 _HEURISTICS_SHARE = 0.25
 _REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
 _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)

@@ -23,7 +23,7 @@ if not console.is_terminal and "COLUMNS" not in os.environ:
 
 # Beyond these sizes `compare`, `show` and `compile` would run for many minutes to hours without
 # a word, so they refuse up front and say so. Measured on one core of this 2-core machine: every
-# heuristic of a p = 32, v = 2, m = 256 problem (16,384 pairs, 49,152 compute ops) in 17 s;
+# heuristic of a p = 32, v = 2, m = 256 problem (16,384 pairs, 49,152 compute ops) in about 13 s;
 # p = 64, v = 2, m = 512 (65,536 pairs) is the largest shape the benchmarks run.
 MAX_PAIRS = 2**17  # stages x microbatches
 MAX_WORK = 2**24  # stages^2 x microbatches: the per-stage passes that scan every microbatch
