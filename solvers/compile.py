@@ -1,11 +1,10 @@
 """optpipe compile, minus the terminal: heuristics, warm starts, a solver, and the verdict.
 
-1. Judge every heuristic (compare.py); the best that fits is the baseline. They get a quarter of
-   the time limit: past it the costly ones are left out once one fits (at p = 64, m = 512 they
-   take over a minute), and every phase after them reports what it is doing on the live line.
-2. Build warm starts (warmstart.py): heuristics with their activations offloaded often fit
-   where the plain ones do not; the fastest that still overflow are repaired until they fit
-   (repair.py: more offload, fewer forwards in flight where a device overflows).
+1. Judge every heuristic (compare.py); the best that fits is the baseline.
+2. Build warm starts (starts.py, each phase within its share of the time limit): heuristics with
+   their activations offloaded often fit where the plain ones do not (warmstart.py); the fastest
+   that still overflow are repaired until they fit (repair.py: more offload, fewer forwards in
+   flight where a device overflows).
 3. On small problems, raise the bound with each device's exact relaxation (device_relax.py), for
    at most a quarter of the time limit: the report and the whole model then start from it.
 4. Run the chosen solver from the best warm start: CP-SAT on the whole problem when it is small
@@ -44,15 +43,13 @@ from optpipe.core.simulate import Timeline, describe_fit, simulate
 from optpipe.core.units import format_size
 
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
-from .capped_offload import capped_offload_starts
-from .compare import Entry, applicable, best_fitting, compare
+from .compare import Entry, best_fitting, compare
 from .milp import solve_milp
 from .registry import get_generator
 from .result import Judged, Progress, SolveResult, SolveStatus, fastest_fitting, gap
+from .starts import MIN_STEP_S, build_starts
 from .recompute import mixed_neighbour, trade_for_offloads
-from .repair import repair_candidates
 from .timegrid import choose_grid
-from .warmstart import warm_starts
 
 __all__ = ["SOLVERS", "Compiled", "compile_problem", "exact_model_fits"]
 
@@ -61,22 +58,6 @@ _EPS = TOLERANCE_MS
 # The full CP-SAT model has literals quadratic in a device's ops; above this many compute ops per
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
-# Of the time limit, at most, for building warm starts; from _WIDE devices on, where the window
-# search moves a start by well under 1% in 60 s (grid20, p = 24: 5,572.1 -> 5,556.6 ms) and the GIS
-# group sizes need about 9 s to give 5,447.5, the larger share. Below, the share stays as it was:
-# the larger one was measured to pay only there.
-_WARM_SHARE, _WIDE_WARM_SHARE, _WIDE = 0.3, 0.45, 16
-_WARM_AFTER = 0.2  # ... or this much after the heuristics, when they took longer (within the limit)
-# Of the time limit, for building the heuristics: past it the costly ones are left out, once one
-# fits (compare.py). At p = 64, v = 2, m = 512 they took 70 s (ZB-I's variants alone 47 s), and a
-# 30 s limit returned after 77 s with 1F1B-capped at twice the bound; the small ones take
-# milliseconds and p = 32, m = 256 about 13 s, so below that scale nothing changes at 60 s.
-_HEURISTICS_SHARE = 0.25
-_REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
-_REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
-_EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.5  # repair the plain heuristics first for this much of the limit when
-# the fastest fitting one is this much slower than the fastest (tight budgets; _tight)
-_MIN_REPAIR_S = 0.05  # a repair round takes longer than this on the smallest problems
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
 # With both offload and recompute, each pure strategy is solved before the mix (issue 14) for at
 # most this share of the time left, and stops once this share passes with nothing better (at least
@@ -159,26 +140,9 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     if solver.startswith("heuristic:"):
         entries = compare(problem)
         return _heuristic(problem, solver, entries, baseline=best_fitting(entries), bound=bound, began=began)
-    entries = compare(problem, deadline=began + _HEURISTICS_SHARE * time_limit_s, on_built=_live(report, bound, began))
+    entries, candidates = build_starts(problem, starts, bound, (began, time_limit_s), report)
     baseline = best_fitting(entries)
-    phase = lambda message, best: report(Progress(  # noqa: E731  (seconds each at p = 64, m = 512)
-        time.monotonic() - began, best.timeline.makespan if best else None, bound.value, f"warm starts: {message}"))
     end = began + time_limit_s
-    if _tight(problem, entries):
-        phase("repairing the nearly fitting heuristics", baseline)
-    early = _early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
-    warm_until = _warm_until(problem, began, time_limit_s)
-    given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
-    phase("W-filled and offloaded variants", fastest_fitting([*given, *(early or []), *([baseline] if baseline else [])]))
-    candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value,
-                                     capped=early is None) + (early or [])
-    now = time.monotonic()
-    if end - now > _MIN_REPAIR_S:  # with no time left, the heuristics as they are
-        phase("repairing the fastest that overflow", fastest_fitting(candidates))
-        repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
-        plain = {e.name for e in entries} if early is not None else set()  # repaired already
-        candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
-                                        deadline=repair_until)
     both_solved, resolution = False, _mix_resolution(problem, solver)
     if _mixes(problem, solver):
         pure, both_solved = _pure_strategies(problem, solver, candidates, end, seed, workers, report, bound,
@@ -198,7 +162,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     meets_bound = start is not None and start.timeline.makespan <= bound.value + _EPS
     # with a fitting start and no time left (p = 64, m = 512 at 60 s), the search is not begun:
     # setting it up alone takes seconds there
-    out_of_time = start is not None and left <= _MIN_REPAIR_S
+    out_of_time = start is not None and left <= MIN_STEP_S
     warnings: list[str] = []
     result = None if meets_bound or out_of_time else _verified(problem, solver, warnings, lambda: _run(
         problem, solver, hint, left, seed, workers, on_progress, bound, candidates, mixes_only=mixes_only,
@@ -229,7 +193,7 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
     and time limit."""
     began, end, limit = clock
     time_limit_s = min(_RELAX_SHARE * limit, end - time.monotonic())
-    if solver != "cpsat" or start.timeline.makespan <= bound.value + _EPS or time_limit_s <= _MIN_REPAIR_S:
+    if solver != "cpsat" or start.timeline.makespan <= bound.value + _EPS or time_limit_s <= MIN_STEP_S:
         return bound
     from .device_relax import relaxation_applies, relaxation_bound  # lazy: loads OR-Tools
 
@@ -241,55 +205,11 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
     return bound
 
 
-def _live(report: Callable[[Progress], None], bound: Bound, began: float) -> Callable[[Entry, int, int], None]:
-    """compare's progress as live lines: at p = 64, m = 512 the heuristics take tens of seconds."""
-    fastest = float("inf")
-
-    def built(entry: Entry, k: int, n: int) -> None:
-        nonlocal fastest
-        if entry.fits:
-            fastest = min(fastest, entry.judged.timeline.makespan)
-        incumbent = fastest if fastest < float("inf") else None
-        report(Progress(time.monotonic() - began, incumbent, bound.value, f"heuristics: {entry.name} ({k} of {n})"))
-
-    return built
-
-
-def _warm_until(problem: Problem, began: float, time_limit_s: float) -> float:
-    """When warm-start building stops. The share counts from the start, but at p >= 24 the
-    heuristics alone can take most of it: the most promising variants (warmstart.py) still get a
-    floor share after them."""
-    share = _WIDE_WARM_SHARE if problem.devices >= _WIDE else _WARM_SHARE
-    return min(began + time_limit_s, max(began + share * time_limit_s, time.monotonic() + _WARM_AFTER * time_limit_s))
-
-
 def _simulate_s(problem: Problem, judged: Judged) -> float:
     """How long one simulation of ``judged``'s schedule takes here (s)."""
     began = time.monotonic()
     simulate(problem, judged.schedule)
     return time.monotonic() - began
-
-
-def _tight(problem: Problem, entries: list[Entry]) -> bool:
-    """Every fitting heuristic far slower than the fastest (or none fits), with offload on."""
-    plain = applicable(entries)
-    if not plain or not problem.offload.enabled:
-        return False
-    fitting = fastest_fitting(plain)
-    return fitting is None or fitting.timeline.makespan > _FAR_SLOWER * min(c.timeline.makespan for c in plain)
-
-
-def _early_starts(problem: Problem, entries: list[Entry], deadline: float) -> list[Judged] | None:
-    """Under a tight budget, before the warm-start variants take their share: the capped
-    offloading list schedule (capped_offload.py; about 2 s on the 7B-like problem, where at
-    0.6x of PO-H's peak it gives 2,932.5 ms and PO-H repaired 3,654.0; skipped at p >= 24), then
-    the nearly fitting heuristics repaired (repair.py; at p >= 24 one round of offloads often
-    makes PO-H fit, and the variants may take all the time there is). None when the budget is not
-    tight or there is no time: the warm starts then build the capped schedule in their turn."""
-    if not _tight(problem, entries) or deadline - time.monotonic() <= _MIN_REPAIR_S:
-        return None
-    capped = capped_offload_starts(problem, deadline)
-    return capped + repair_candidates(problem, applicable(entries) + capped, deadline=deadline)
 
 
 def _verified(problem: Problem, solver: str, warnings: list[str], run: Callable[[], SolveResult | None]):
@@ -415,7 +335,7 @@ def _pure_strategies(problem: Problem, solver: str, candidates: list[Judged], en
     for name in sorted(pure, key=lambda name: starts[name].timeline.makespan if starts[name] else float("inf")):
         sub, usable = pure[name]
         start = starts[name]
-        if start is None or end - time.monotonic() <= _MIN_REPAIR_S or start.timeline.makespan <= bound.value + _EPS:
+        if start is None or end - time.monotonic() <= MIN_STEP_S or start.timeline.makespan <= bound.value + _EPS:
             continue
         relay = lambda p, name=name: report(replace(p, bound_ms=bound.value, message=f"{name}: {p.message}"))  # noqa: E731
         own = [c for c in candidates if usable(c)]

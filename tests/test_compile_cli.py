@@ -231,7 +231,7 @@ def test_a_tight_budget_builds_the_capped_list_schedule_before_the_repairs():
     import time
 
     from optpipe.solvers.compare import compare
-    from optpipe.solvers.compile import _early_starts, _tight
+    from optpipe.solvers.starts import early_starts as _early_starts, tight as _tight
 
     link = Offload(True, 100 / 1.5 * 1e3, 100 / 1.5 * 1e3, 10**9)
     tight = uniform_problem(4, 8, v=2, act=100, keep=50, budget=300, offload=link)

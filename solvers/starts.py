@@ -1,0 +1,122 @@
+"""What compile searches from: the heuristics, repaired and varied, each phase within its share
+of the time limit, every phase named on the live line.
+
+1. Judge the heuristics (compare.py) within a quarter of the time limit: past it the costly ones
+   are left out once one fits (at p = 64, m = 512 they take over a minute).
+2. Under a tight budget (every fitting heuristic far slower than the fastest), the capped
+   offloading list schedule and the nearly fitting heuristics repaired, first.
+3. The warm-start variants (warmstart.py): W-filled, offloaded, GIS's group sizes.
+4. The fastest that still overflow, repaired (repair.py), with what is left of the repair share.
+
+``starts`` (schedules compile was given: a plan compiled earlier, or for a smaller budget) join
+the candidates as they are and are repaired with the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Schedule
+from optpipe.core.simulate import simulate
+
+from .bounds import Bound
+from .capped_offload import capped_offload_starts
+from .compare import Entry, applicable, best_fitting, compare
+from .repair import repair_candidates
+from .result import Judged, Progress, fastest_fitting
+from .warmstart import warm_starts
+
+__all__ = ["MIN_STEP_S", "build_starts", "early_starts", "tight"]
+
+# Of the time limit, for building the heuristics: past it the costly ones are left out, once one
+# fits (compare.py). At p = 64, v = 2, m = 512 they took 70 s (ZB-I's variants alone 47 s), and a
+# 30 s limit returned after 77 s with 1F1B-capped at twice the bound; the small ones take
+# milliseconds and p = 32, m = 256 about 13 s, so below that scale nothing changes at 60 s.
+_HEURISTICS_SHARE = 0.25
+# Of the time limit, at most, for building warm starts; from _WIDE devices on, where the window
+# search moves a start by well under 1% in 60 s (grid20, p = 24: 5,572.1 -> 5,556.6 ms) and the GIS
+# group sizes need about 9 s to give 5,447.5, the larger share. Below, the share stays as it was:
+# the larger one was measured to pay only there.
+_WARM_SHARE, _WIDE_WARM_SHARE, _WIDE = 0.3, 0.45, 16
+_WARM_AFTER = 0.2  # ... or this much after the heuristics, when they took longer (within the limit)
+_REPAIR_SHARE = 0.6  # ... and for repairing the overflowing ones (large problems overrun the warm share,
+_REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm starts, within the limit)
+_EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.5  # repair the plain heuristics first for this much of the limit when
+# the fastest fitting one is this much slower than the fastest (tight budgets; tight)
+MIN_STEP_S = 0.05  # a repair round takes longer than this on the smallest problems
+
+
+def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clock: tuple[float, float],
+                 report: Callable[[Progress], None]) -> tuple[list[Entry], list[Judged]]:
+    """The heuristics (compare's entries) and every candidate start, fitting or not, by the
+    phases above; ``clock``: (when compile began, its time limit)."""
+    began, time_limit_s = clock
+    end = began + time_limit_s
+    entries = compare(problem, deadline=began + _HEURISTICS_SHARE * time_limit_s,
+                      on_built=_heuristics_line(report, bound, began))
+    phase = lambda message, best: report(Progress(  # noqa: E731
+        time.monotonic() - began, best.timeline.makespan if best else None, bound.value, f"warm starts: {message}"))
+    baseline = best_fitting(entries)
+    if tight(problem, entries):
+        phase("repairing the nearly fitting heuristics", baseline)
+    early = early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
+    warm_until = _warm_until(problem, began, time_limit_s)
+    given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
+    phase("W-filled and offloaded variants", fastest_fitting([*given, *(early or []), *([baseline] if baseline else [])]))
+    candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value,
+                                     capped=early is None) + (early or [])
+    now = time.monotonic()
+    if end - now > MIN_STEP_S:  # with no time left, the heuristics as they are
+        phase("repairing the fastest that overflow", fastest_fitting(candidates))
+        repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
+        plain = {e.name for e in entries} if early is not None else set()  # repaired already
+        candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
+                                        deadline=repair_until)
+    return entries, candidates
+
+
+def _heuristics_line(report: Callable[[Progress], None], bound: Bound,
+                     began: float) -> Callable[[Entry, int, int], None]:
+    """compare's progress as live lines: at p = 64, m = 512 the heuristics take tens of seconds."""
+    fastest = float("inf")
+
+    def built(entry: Entry, k: int, n: int) -> None:
+        nonlocal fastest
+        if entry.fits:
+            fastest = min(fastest, entry.judged.timeline.makespan)
+        incumbent = fastest if fastest < float("inf") else None
+        report(Progress(time.monotonic() - began, incumbent, bound.value, f"heuristics: {entry.name} ({k} of {n})"))
+
+    return built
+
+
+def _warm_until(problem: Problem, began: float, time_limit_s: float) -> float:
+    """When warm-start building stops. The share counts from the start, but at p >= 24 the
+    heuristics alone can take most of it: the most promising variants (warmstart.py) still get a
+    floor share after them."""
+    share = _WIDE_WARM_SHARE if problem.devices >= _WIDE else _WARM_SHARE
+    return min(began + time_limit_s, max(began + share * time_limit_s, time.monotonic() + _WARM_AFTER * time_limit_s))
+
+
+def tight(problem: Problem, entries: list[Entry]) -> bool:
+    """Every fitting heuristic far slower than the fastest (or none fits), with offload on."""
+    plain = applicable(entries)
+    if not plain or not problem.offload.enabled:
+        return False
+    fitting = fastest_fitting(plain)
+    return fitting is None or fitting.timeline.makespan > _FAR_SLOWER * min(c.timeline.makespan for c in plain)
+
+
+def early_starts(problem: Problem, entries: list[Entry], deadline: float) -> list[Judged] | None:
+    """Under a tight budget, before the warm-start variants take their share: the capped
+    offloading list schedule (capped_offload.py; about 2 s on the 7B-like problem, where at
+    0.6x of PO-H's peak it gives 2,932.5 ms and PO-H repaired 3,654.0; skipped at p >= 24), then
+    the nearly fitting heuristics repaired (repair.py; at p >= 24 one round of offloads often
+    makes PO-H fit, and the variants may take all the time there is). None when the budget is not
+    tight or there is no time: the warm starts then build the capped schedule in their turn."""
+    if not tight(problem, entries) or deadline - time.monotonic() <= MIN_STEP_S:
+        return None
+    capped = capped_offload_starts(problem, deadline)
+    return capped + repair_candidates(problem, applicable(entries) + capped, deadline=deadline)
