@@ -175,11 +175,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     lower = max(bound.value, result.lower_bound_ms if result is not None else 0.0)
     reason = bound.reason if lower == bound.value else f"{solver}'s own bound"
     lower = min(lower, timeline.makespan)
-    status, note = _verdict(result, start, name, timeline, lower, baseline)
-    if out_of_time and status is not SolveStatus.OPTIMAL:
-        what = (f"no improvement on {name}, the best fitting heuristic; returning it"
-                if status is SolveStatus.NO_IMPROVEMENT else f"returning the warm start {name}")
-        note = f"the time limit ran out before the search could begin: {what} (a longer --time-limit searches on)"
+    status, note = _verdict(result, start, name, timeline, lower, baseline, searched=not out_of_time)
     return Compiled(problem, solver, status, chosen, lower, reason, elapsed, baseline,
                     start.name if start else "-", note, result.resolution_ms if result else None, tuple(warnings))
 
@@ -389,14 +385,18 @@ def _better(result: SolveResult | None, start: Judged | None) -> Judged | None:
 
 
 def _verdict(result: SolveResult | None, start: Judged | None, name: str, timeline: Timeline, lower: float,
-             baseline: Judged | None) -> tuple[SolveStatus, str]:
+             baseline: Judged | None, searched: bool = True) -> tuple[SolveStatus, str]:
     proven = result is not None and result.status is SolveStatus.OPTIMAL and name == result.solver
     if proven or timeline.makespan <= lower + _EPS:
         return SolveStatus.OPTIMAL, "optimal: the makespan meets the lower bound" if not proven else "proven optimal"
+    late = "" if searched else "the time limit ran out before the search could begin: "
+    again = "" if searched else " (a longer --time-limit searches on)"
     if start is not None and name == start.name:
         if baseline is not None and start.name == baseline.name:
-            return SolveStatus.NO_IMPROVEMENT, (f"the time limit passed with no improvement on {start.name}, "
-                                                f"the best fitting heuristic; returning it")
+            what = "no improvement on" if not searched else "the time limit passed with no improvement on"
+            return SolveStatus.NO_IMPROVEMENT, f"{late}{what} {start.name}, the best fitting heuristic; returning it{again}"
+        if not searched:
+            return SolveStatus.FEASIBLE, f"{late}returning the warm start {start.name}{again}"
         return SolveStatus.FEASIBLE, f"the solver did not improve on its warm start {start.name}"
     return SolveStatus.FEASIBLE, "not proven optimal within the time limit"
 
