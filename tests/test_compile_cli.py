@@ -96,12 +96,17 @@ def test_tiny_time_limit_still_returns_a_fitting_schedule():
 
 
 def test_no_improvement_returns_the_heuristic_and_says_so():
-    # without offload, nothing to build warm starts from: the best heuristic is the start
+    # without offload the only warm starts are W-filled heuristics; whether one is built within
+    # 0.01 s depends on the machine's load, and each outcome has its own verdict
     problem = uniform_problem(4, 8, act=100, keep=50, budget=200)
     compiled = compile_problem(problem, time_limit_s=0.01, workers=2)
-    assert compiled.status is SolveStatus.NO_IMPROVEMENT
-    assert compiled.judged.schedule == compiled.baseline.schedule
-    assert "no improvement" in compiled.note
+    if compiled.judged.schedule == compiled.baseline.schedule:
+        assert compiled.status is SolveStatus.NO_IMPROVEMENT
+        assert "no improvement" in compiled.note
+    else:  # a W-filled start came in time: faster, returned as found, the search never began
+        assert compiled.status is SolveStatus.FEASIBLE
+        assert compiled.makespan_ms < compiled.baseline.timeline.makespan
+        assert "returning the warm start" in compiled.note
 
 
 def test_large_problems_go_through_the_window_search(capsys):
