@@ -30,7 +30,7 @@ The model, in integer units of a ``Grid`` (timegrid.py):
   "optimal" means optimal among microbatch-ordered schedules.
 
 What an op waits for, how long it runs and what it holds are core/semantics.py's; the model
-only rounds durations up to its grid.
+only rounds durations up to its grid (down on a floor grid, for bounds: floor_relax.py).
 
 The same model decides a window of a schedule for lns.py: a ``Scope`` names the ops it places;
 ops before the window keep their times, the ops of the next few windows keep their list order
@@ -70,7 +70,8 @@ class Model(Variables):
         memory = add_memory(self)
         self.memory_exact, self.segments = memory.exact, memory.segments
         self.tight = add_tightness(self, self.follow_preds)
-        self.fifo = add_shared_fifo(self)
+        # on a floor grid (a relaxation, floor_relax.py) ready times round together: no ready order
+        self.fifo = [] if grid.floor else add_shared_fifo(self)
         # objective
         self.device_end: list[cp_model.IntVar] = []
         self._objective(lower)
@@ -239,5 +240,5 @@ class Model(Variables):
 def model_values(problem: Problem, grid: Grid, schedule: Schedule) -> tuple[dict[Op, int], frozenset[Pair]]:
     """A schedule in model terms: its starts in units, timed by the simulator's rule with the
     model's (rounded up) durations, so that the values satisfy the model's waits; its offloads."""
-    starts = {op: int(t) for op, t in start_times(problem, schedule.with_split_backwards(), grid.up).items()}
+    starts = {op: int(t) for op, t in start_times(problem, schedule.with_split_backwards(), grid.length).items()}
     return starts, schedule.offloaded

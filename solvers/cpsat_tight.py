@@ -10,6 +10,10 @@ simulator's recurrence for the decoded order: the simulator reproduces them exac
 
 One literal per (op, what it may start after), keyed by ``Tight``; only pairs whose windows
 allow it to happen get one.
+
+On a floor grid (floor_relax.py) "at the end" loosens to "within ``GIVE`` units after it": a
+real op that starts right at t_i + d_i + lag starts, floored, between floor(t_i) + floor(d_i) +
+floor(lag) and two units later (three fractional parts sum to less than 3).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from optpipe.core.schedule import Op
 
 from .cpsat_vars import COMPUTE, OFF, RC, REL, TRANSFERS, B, F, Variables
 
-__all__ = ["Tight", "add_tightness", "hint_tightness"]
+__all__ = ["Tight", "add_tightness", "hint_tightness", "GIVE"]
+
+GIVE = 2  # units a tight op may start late on a floor grid (the module docstring says why)
 
 Reasons = list[tuple[Op, int]]  # (what the op may start right after, lag units)
 
@@ -99,7 +105,11 @@ def _may_end_at(v: Variables, before: Op, op: Op) -> bool:
         return False
     lo, hi = v.window[before]
     a, b = v.window[op]
-    return lo + v.d(before) <= b and hi + v.d(before) >= a
+    return lo + v.d(before) <= b and hi + v.d(before) + _give(v) >= a
+
+
+def _give(v: Variables) -> int:
+    return GIVE if v.grid.floor else 0
 
 
 def _require(v: Variables, tight: dict[Tight, cp_model.IntVar], op: Op, reasons: Reasons, zero: bool,
@@ -109,7 +119,7 @@ def _require(v: Variables, tight: dict[Tight, cp_model.IntVar], op: Op, reasons:
     One literal per ``Tight`` key, made once: a second one under the same key would be left out
     of the hint (hint_tightness sets the literals it finds in ``tight``)."""
     literals = []
-    start = v.start[op]
+    start, give = v.start[op], _give(v)
     lags: dict[Op, int] = {}
     for pred, lag in reasons:  # a wait with a lag rules out starting right at the end
         lags[pred] = max(lag, lags.get(pred, lag))
@@ -120,7 +130,10 @@ def _require(v: Variables, tight: dict[Tight, cp_model.IntVar], op: Op, reasons:
         if pred_end is None:
             continue
         t = v.cp.new_bool_var(f"t{op}<{pred}")
-        v.cp.add(start == pred_end + lag).only_enforce_if(t)
+        if give:
+            v.cp.add_linear_constraint(start - pred_end, lag, lag + give).only_enforce_if(t)
+        else:
+            v.cp.add(start == pred_end + lag).only_enforce_if(t)
         if pred.kind in (OFF, REL, RC):
             pred_present = v.present(pred)
             if pred_present is False:
@@ -131,7 +144,7 @@ def _require(v: Variables, tight: dict[Tight, cp_model.IntVar], op: Op, reasons:
         literals.append(t)
     if zero:
         t = v.cp.new_bool_var(f"t{op}<0")
-        v.cp.add(start == 0).only_enforce_if(t)
+        v.cp.add(start <= give).only_enforce_if(t)  # == 0 but on a floor grid
         tight[Tight(op, None)] = t
         literals.append(t)
     if present is not True:

@@ -112,11 +112,11 @@ class Variables:
     # ------------------------------------------------------------- data
 
     def _durations(self) -> dict[tuple[OpKind, int], int]:
-        """Units per (kind, stage): semantics.duration_ms rounded up (timegrid.py says why)."""
+        """Units per (kind, stage): semantics.duration_ms rounded up (timegrid.py says why; down on a floor grid)."""
         kinds = COMPUTE + (TRANSFERS if self.problem.offload.enabled else ())
         if self.problem.recompute.enabled:
             kinds += (RC,)
-        return {(kind, s): self.grid.up(duration_ms(self.problem, Op(kind, s, 0))) for kind in kinds for s in range(self.S)}
+        return {(kind, s): self.grid.length(duration_ms(self.problem, Op(kind, s, 0))) for kind in kinds for s in range(self.S)}
 
     def _floors(self) -> tuple[list[Floor | None], dict[tuple[int, OpKind], Floor]]:
         """Per device the last fixed compute op; per (link, kind) channel the last fixed transfer."""
@@ -241,7 +241,7 @@ class Variables:
     def data_preds(self, op: Op) -> list[tuple[Op, int]]:
         """(predecessor, lag units) that every order must respect: semantics.waits, split backward;
         a B's wait for its reload depends on the offload literal and is added where it is used."""
-        return [(wait.op, self.grid.up(wait.lag_ms)) for wait in waits(self.problem, op)]
+        return [(wait.op, self.grid.length(wait.lag_ms)) for wait in waits(self.problem, op)]
 
     def presence(self, pair: Pair):
         """True, False, or the literal of an open pair: is the pair offloaded?"""

@@ -65,6 +65,17 @@ class Grid:
     exact: bool  # every duration and lag is a whole number of units: model times are the simulator's
     slack: int  # allocations are taken this many units before the modelled start (0 when exact)
     rounding: float  # the largest relative growth of a duration by rounding up
+    floor: bool = False  # durations and lags rounded down: a relaxation, for bounds (floor_relax.py)
+
+    def floored(self) -> Grid:
+        """This unit with every duration and lag rounded down and no release held late: a model
+        on it is a relaxation of the problem, so what it proves bounds every schedule."""
+        return Grid(self.resolution_ms, False, 0, self.rounding, floor=True)
+
+    def length(self, ms: float) -> int:
+        """A duration or lag in whole units: rounded up (schedules that re-simulate within the
+        model), or on a floor grid down (bounds)."""
+        return self.down(ms) if self.floor else self.up(ms)
 
     def up(self, ms: float) -> int:
         """Whole units, rounded up; a value within float noise of a whole unit is that unit."""
@@ -89,6 +100,8 @@ class Grid:
         return self.slack * self.resolution_ms
 
     def describe(self) -> str:
+        if self.floor:
+            return f"time unit {self.resolution_ms:g} ms with durations rounded down (a relaxation, for bounds)"
         if self.exact:
             return (f"time unit {self.resolution_ms:.4g} ms divides every duration exactly; "
                     f"the model's times are the simulator's")

@@ -24,9 +24,10 @@ from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, Recompute
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate
-from optpipe.solvers.bounds import device_lower_bound, makespan_lower_bound, memory_lower_bound
+from optpipe.solvers.bounds import Bound, device_lower_bound, makespan_lower_bound, memory_lower_bound
 from optpipe.solvers.compile import compile_problem
 from optpipe.solvers.cpsat import solve_cpsat
+from optpipe.solvers.floor_relax import floor_relaxation_bound
 from optpipe.solvers.result import SolveStatus
 from optpipe.solvers.timegrid import choose_grid
 
@@ -144,6 +145,19 @@ def test_cpsat_proven_bound_not_above_the_brute_force_optimum(case):
         assert result.makespan_ms == pytest.approx(brute.makespan_ms)
 
 
+@pytest.mark.parametrize("resolution_ms", [0.3, 0.7])
+def test_floor_relaxation_bound_not_above_the_brute_force_optimum(case, resolution_ms):
+    """The whole model with every length rounded down to a unit that divides none of them
+    (floor_relax.py) proves a bound that every schedule, in microbatch order or not, meets."""
+    problem, brute, _ = case
+    if problem.recompute.enabled:
+        pytest.skip("the floor relaxation leaves recompute out")
+    assert not choose_grid(problem, resolution_ms).exact
+    bound = floor_relaxation_bound(problem, upper=brute.schedule, upper_ms=brute.makespan_ms, floor=Bound(0.0, "-"),
+                                   time_limit_s=20.0, workers=1, resolution_ms=resolution_ms)
+    assert 0.0 < bound.value <= brute.makespan_ms + _EPS, brute.schedule.to_text()
+
+
 def test_out_of_order_schedules_are_in_the_enumeration():
     """The brute force is not the model: it lists a stage running microbatch 1 before 0."""
     chains = [[Op(k, 1, i) for k in (F, B, W)] for i in range(2)]
@@ -174,6 +188,15 @@ def test_cpsat_proof_on_a_shared_link_holds_against_a_schedule_it_once_missed():
     result = solve_cpsat(SHARED, time_limit_s=20.0, workers=1, seed=0)
     assert result.lower_bound_ms <= faster.makespan + _EPS
     assert result.status is SolveStatus.OPTIMAL and result.makespan_ms == pytest.approx(faster.makespan)
+
+
+def test_floor_relaxation_holds_against_the_schedule_cpsat_once_missed():
+    faster = simulate(SHARED, FASTER_THAN_CPSAT)
+    for resolution_ms in (0.3, 0.7):
+        bound = floor_relaxation_bound(SHARED, upper=FASTER_THAN_CPSAT, upper_ms=faster.makespan,
+                                       floor=Bound(0.0, "-"), time_limit_s=20.0, workers=1,
+                                       resolution_ms=resolution_ms)
+        assert bound.value <= faster.makespan + _EPS
 
 
 def test_compile_reports_no_bound_above_a_fitting_schedule_on_a_shared_link():
