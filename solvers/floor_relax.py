@@ -46,15 +46,18 @@ from .timegrid import choose_grid
 
 __all__ = ["floor_relaxation_applies", "floor_relaxation_bound"]
 
-# the whole model's size limit (compile.exact_model_fits): beyond it CP-SAT proves little in seconds
-_MAX_OPS_PER_DEVICE = 48
+# Compute ops of the whole problem up to which the relaxation is worth compile's time: it proved
+# p = 3, m = 6 (54) optimal in 0.5 s, and lifted p = 5, v = 2, m = 5 (150) from 368.7 to 372.9 ms
+# in 5 s (nothing in 1 s); at 384 (grid08) and 768 (p = 16, m = 16) it proved nothing in 5 s,
+# and building the model alone took a second at 768: time the window search then lacks.
+_MAX_OPS = 160
 
 
 def floor_relaxation_applies(problem: Problem, resolution_ms: float | None = None) -> bool:
-    """Small enough for the whole model, on a grid that is not exact (an exact one proves already)."""
-    ops = 3 * problem.pipeline.chunks_per_device * problem.microbatches
-    return (ops <= _MAX_OPS_PER_DEVICE and not problem.recompute.enabled
-            and not choose_grid(problem, resolution_ms).exact)
+    """Small enough for the whole model to prove in seconds, on a grid that is not exact (an
+    exact one proves already); recompute is not modelled here."""
+    ops = 3 * problem.stages * problem.microbatches
+    return ops <= _MAX_OPS and not problem.recompute.enabled and not choose_grid(problem, resolution_ms).exact
 
 
 def floor_relaxation_bound(problem: Problem, *, upper: Schedule, upper_ms: float, floor: Bound,

@@ -42,7 +42,7 @@ def test_it_applies_where_the_grid_proves_nothing_and_the_whole_model_is_small()
     assert not floor_relaxation_applies(dataclasses.replace(problem, offload=dataclasses.replace(
         problem.offload, enabled=False)))  # compute costs to 0.01 ms: an exact grid proves already
     assert not floor_relaxation_applies(dataclasses.replace(problem, recompute=Recompute(True)))
-    assert not floor_relaxation_applies(generated(0, 4, 2, 16, 0.3, 1.6, seed=0))  # 96 ops a device
+    assert not floor_relaxation_applies(generated(0, 4, 2, 16, 0.3, 1.6, seed=0))  # 384 compute ops
 
 
 def test_it_proves_v_min_optimal_where_the_analytic_bound_is_9_percent_short():
