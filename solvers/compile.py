@@ -63,7 +63,11 @@ _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two m
 # most this share of the time left, and stops once this share passes with nothing better (at least
 # _MIN_STALL_S): on the recompute benchmark each reaches its 20 s answer in 2 to 5 s.
 _PURE_SHARE, _PURE_STALL, _MIN_STALL_S = 0.35, 0.15, 1.0
-_RELAX_SHARE = 0.25  # of the time limit, at most, for the devices' exact relaxations (device_relax.py)
+_RELAX_SHARE = 0.25  # of the time limit, at most, for the relaxations that raise the bound (_relaxed)
+# of that, for the whole model on a floor grid (floor_relax.py): on random problems of at most 160
+# compute ops it proved p = 6, m = 6 optimal in 2.5 s and p = 3, m = 9 in 6.5 s, where the search
+# had stalled within the first seconds
+_FLOOR_SHARE = 0.75
 _SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solved on a rounded grid
 # The whole model, when it fits, runs until it finds nothing better for this share of the time
 # limit; the window search then has the rest. On grid08 (p = 8, m = 16, k = 2, 48 compute ops
@@ -199,7 +203,8 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
 
     if floor_relaxation_applies(problem):  # the whole model, where its grid proves nothing
         bound = floor_relaxation_bound(problem, upper=start.schedule, upper_ms=upper, floor=bound,
-                                       time_limit_s=(until - time.monotonic()) / 2, workers=workers, seed=seed)
+                                       time_limit_s=_FLOOR_SHARE * (until - time.monotonic()), workers=workers,
+                                       seed=seed)
         report(Progress(time.monotonic() - began, upper, bound.value, "bound: whole model, durations rounded down"))
     left = until - time.monotonic()
     if relaxation_applies(problem) and upper > bound.value + _EPS and left > MIN_STEP_S:
