@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import random
 
+import dataclasses
+
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
-__all__ = ["grid", "generated", "huge", "LARGE", "HUGE"]
+__all__ = ["grid", "generated", "huge", "small", "LARGE", "HUGE"]
 
 _MIB = 2**20
 # (p, v, m, budget as a fraction of 1F1B-I's activations p*v + p - 1, k or None for no offload)
@@ -64,3 +66,25 @@ def grid(seed: int = 0, large: bool = False) -> list[Problem]:
 def huge(seed: int = 0) -> Problem:
     """The p = 64, v = 2, m = 512 problem (65,536 stage-microbatch pairs), numbered after the large one."""
     return generated(len(_SHAPES) + 1, *HUGE, seed=seed)
+
+
+def small(count: int, seed: int = 0) -> list[Problem]:
+    """``count`` random problems of the same kind with at most 160 compute ops (p = 2..6, v = 1..3,
+    m = p..3p, a tight budget, offload with k = 0.6..3; V placement for some with v = 2): where a
+    user expects compile to prove its answer optimal, and where it once reported gaps of 10% on
+    two devices. Numbered from 200."""
+    rng = random.Random(seed)
+    problems: list[Problem] = []
+    while len(problems) < count:
+        p, v = rng.choice([2, 3, 4, 5, 6]), rng.choice([1, 2, 3])
+        m = rng.choice([p, 2 * p, 3 * p])
+        fraction, k, shape_seed = rng.choice([0.2, 0.3, 0.5]), rng.choice([0.6, 1.0, 1.6, 2.0, 3.0]), rng.randrange(1000)
+        vshape = v == 2 and rng.random() < 0.4
+        if 3 * p * v * m > 160:
+            continue
+        problem = generated(200 + len(problems), p, v, m, fraction, k, seed=shape_seed)
+        if vshape:
+            problem = dataclasses.replace(problem, name=problem.name + "-V", pipeline=dataclasses.replace(
+                problem.pipeline, placement=Placement.VSHAPE))
+        problems.append(problem)
+    return problems

@@ -18,7 +18,11 @@ With ``--huge`` it runs issue 11's p = 64, v = 2, m = 512 problem instead, at ea
 ``--time-limits``: when compile returns against its limit, when it first knew a fitting schedule,
 the gap, and the peak memory of the process.
 
+With ``--small N`` it runs N random problems of at most 160 compute ops (``problem_grid.small``)
+at ``--time-limit``: how many compile proves optimal, and the gaps of the rest.
+
     python -m benchmarks.solver_quality [--time-limit S] [--grid] [--time-limits 10,30,60] [--large] [--huge]
+    python -m benchmarks.solver_quality --small 20 --time-limit 20
 """
 
 from __future__ import annotations
@@ -188,6 +192,25 @@ def run_huge(time_limits: list[float], seed: int = 0) -> list[dict]:
     return rows
 
 
+def run_small(count: int, time_limit_s: float, seed: int = 0) -> list[dict]:
+    """Random small problems (results/solver_quality_small.json): the share proved optimal."""
+    from .problem_grid import small
+
+    rows = []
+    for problem in small(count, seed):
+        console.print(f"[dim]{problem.name}: solving for up to {time_limit_s:g} s ...[/]")
+        rows.append(_row(problem, time_limit_s, seed))
+    wide = Console(highlight=False, width=max(console.width, 170))
+    wide.print(_table(rows, f"optpipe compile on {count} random problems of at most 160 compute ops"))
+    optimal = sum(r["status"] == "optimal" for r in rows)
+    totals = grid_summary(rows)
+    for t in totals.values():
+        console.print(f"proved optimal: {optimal} of {len(rows)}; within 2% of the bound {_pct(t['within_2_percent'])}, "
+                      f"within 5% {_pct(t['within_5_percent'])}, mean gap {_pct(t['mean_gap'])}")
+    save("solver_quality_small", rows, time_limit_s=time_limit_s, seed=seed, optimal=optimal, summary=totals)
+    return rows
+
+
 def _peak_rss_mib() -> int:
     import resource  # Unix only, as the benchmarks are
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
@@ -239,8 +262,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --grid: only the problems whose names contain TEXT (for example p8-v3)")
     parser.add_argument("--huge", action="store_true",
                         help="run the p = 64, v = 2, m = 512 problem at each of --time-limits instead")
+    parser.add_argument("--small", type=int, default=0, metavar="N",
+                        help="run N random problems of at most 160 compute ops at --time-limit instead")
     args = parser.parse_args(argv)
-    if args.huge:
+    if args.small:
+        run_small(args.small, args.time_limit, args.seed)
+    elif args.huge:
         run_huge([float(x) for x in args.time_limits.split(",") if x], args.seed)
     elif args.grid:
         run_grid([float(x) for x in args.time_limits.split(",") if x], args.seed, args.large, args.only)

@@ -60,3 +60,12 @@ def test_compile_reports_it_and_stops_at_the_proof():
     compiled = compile_problem(_tiny(), time_limit_s=20.0, workers=2, seed=0)
     assert compiled.status is SolveStatus.OPTIMAL and compiled.gap == 0.0
     assert "meets the lower bound" in compiled.note and "rounded down" in compiled.lower_bound_reason
+
+
+def test_the_small_benchmark_set_is_fixed_and_within_the_relaxation_size():
+    from benchmarks.problem_grid import small
+
+    first, again = small(20, seed=0), small(20, seed=0)
+    assert [p.name for p in first] == [p.name for p in again] and len(first) == 20
+    assert all(3 * p.stages * p.microbatches <= 160 and p.offload.enabled for p in first)
+    assert any(p.pipeline.placement is Placement.VSHAPE for p in first)
