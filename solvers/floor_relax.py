@@ -74,7 +74,7 @@ def floor_relaxation_bound(problem: Problem, *, upper: Schedule, upper_ms: float
     if not model.memory_exact:
         return floor
     model.hint(*model_values(problem, grid, upper))
-    solver, code = solve_model(model, time_limit_s=time_limit_s, seed=seed, workers=workers)
+    solver, code = solve_model(model, time_limit_s=time_limit_s, seed=seed, workers=workers, for_bound=True)
     if code == cp_model.OPTIMAL:
         units = solver.objective_value
     elif code == cp_model.FEASIBLE:
