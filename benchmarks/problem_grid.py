@@ -11,13 +11,12 @@ is its p = 64, m = 512 case (a benchmark of its own: it takes minutes at any lim
 
 from __future__ import annotations
 
-import random
-
 import dataclasses
+import random
 
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
-__all__ = ["grid", "generated", "huge", "small", "LARGE", "HUGE"]
+__all__ = ["grid", "generated", "huge", "small", "vshaped", "LARGE", "HUGE"]
 
 _MIB = 2**20
 # (p, v, m, budget as a fraction of 1F1B-I's activations p*v + p - 1, k or None for no offload)
@@ -83,8 +82,11 @@ def small(count: int, seed: int = 0) -> list[Problem]:
         if 3 * p * v * m > 160:
             continue
         problem = generated(200 + len(problems), p, v, m, fraction, k, seed=shape_seed)
-        if vshape:
-            problem = dataclasses.replace(problem, name=problem.name + "-V", pipeline=dataclasses.replace(
-                problem.pipeline, placement=Placement.VSHAPE))
-        problems.append(problem)
+        problems.append(vshaped(problem) if vshape else problem)
     return problems
+
+
+def vshaped(problem: Problem) -> Problem:
+    """The same problem in V placement (v = 2: stage s and 2p - 1 - s on device s), named with -V."""
+    pipeline = dataclasses.replace(problem.pipeline, placement=Placement.VSHAPE)
+    return dataclasses.replace(problem, name=problem.name + "-V", pipeline=pipeline)

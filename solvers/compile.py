@@ -5,8 +5,9 @@
    their activations offloaded often fit where the plain ones do not (warmstart.py); the fastest
    that still overflow are repaired until they fit (repair.py: more offload, fewer forwards in
    flight where a device overflows).
-3. On small problems, raise the bound with each device's exact relaxation (device_relax.py), for
-   at most a quarter of the time limit: the report and the whole model then start from it.
+3. On small problems, raise the bound with the whole model on a floor grid (floor_relax.py) where
+   its own grid proves nothing, then with each device's exact relaxation (device_relax.py), for at
+   most a quarter of the time limit together: the report and the whole model then start from it.
 4. Run the chosen solver from the best warm start: CP-SAT on the whole problem when it is small
    (handing over to the window search once it finds nothing better for a quarter of the time
    limit), the window search (lns.py) otherwise; or the MILP; or return the named heuristic.
@@ -202,7 +203,7 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
     from .floor_relax import floor_relaxation_applies, floor_relaxation_bound  # lazy: loads OR-Tools
 
     if floor_relaxation_applies(problem):  # the whole model, where its grid proves nothing
-        bound = floor_relaxation_bound(problem, upper=start.schedule, upper_ms=upper, floor=bound,
+        bound = floor_relaxation_bound(problem, upper=start, floor=bound,
                                        time_limit_s=_FLOOR_SHARE * (until - time.monotonic()), workers=workers,
                                        seed=seed)
         report(Progress(time.monotonic() - began, upper, bound.value, "bound: whole model, durations rounded down"))

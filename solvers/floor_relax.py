@@ -36,12 +36,12 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 
 from optpipe.core.problem import Problem
-from optpipe.core.schedule import Schedule
 
 from .bounds import Bound
 from .cpsat import solve_model
 from .cpsat_model import Model, model_values
 from .cpsat_vars import full_scope
+from .result import Judged
 from .timegrid import choose_grid
 
 __all__ = ["floor_relaxation_applies", "floor_relaxation_bound"]
@@ -60,20 +60,20 @@ def floor_relaxation_applies(problem: Problem, resolution_ms: float | None = Non
     return ops <= _MAX_OPS and not problem.recompute.enabled and not choose_grid(problem, resolution_ms).exact
 
 
-def floor_relaxation_bound(problem: Problem, *, upper: Schedule, upper_ms: float, floor: Bound,
+def floor_relaxation_bound(problem: Problem, *, upper: Judged, floor: Bound,
                            time_limit_s: float, workers: int | None = None, seed: int = 0,
                            resolution_ms: float | None = None) -> Bound:
     """The larger of ``floor`` and what CP-SAT proves on the floor-grid relaxation within the time.
 
-    ``upper``: a fitting schedule of ``upper_ms``, the hint, and the horizon's end: a faster
-    schedule, the only kind that matters, ends within it. ``resolution_ms`` forces a unit (tests).
+    ``upper``: a fitting schedule, the hint, whose makespan ends the horizon: a faster schedule,
+    the only kind that matters, ends within it. ``resolution_ms`` forces a unit (tests).
     """
     grid = choose_grid(problem, resolution_ms).floored()
-    horizon = grid.up(upper_ms) + 1
+    horizon = grid.up(upper.makespan_ms) + 1
     model = Model(problem, grid, full_scope(problem), horizon, min(grid.down(floor.value), horizon))
     if not model.memory_exact:
         return floor
-    model.hint(*model_values(problem, grid, upper))
+    model.hint(*model_values(problem, grid, upper.schedule))
     solver, code = solve_model(model, time_limit_s=time_limit_s, seed=seed, workers=workers, for_bound=True)
     if code == cp_model.OPTIMAL:
         units = solver.objective_value

@@ -28,7 +28,7 @@ from optpipe.solvers.bounds import Bound, device_lower_bound, makespan_lower_bou
 from optpipe.solvers.compile import compile_problem
 from optpipe.solvers.cpsat import solve_cpsat
 from optpipe.solvers.floor_relax import floor_relaxation_bound
-from optpipe.solvers.result import SolveStatus
+from optpipe.solvers.result import Judged, SolveStatus
 from optpipe.solvers.timegrid import choose_grid
 
 F, B, W, OFF, REL, RC = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD, OpKind.RECOMPUTE
@@ -153,8 +153,9 @@ def test_floor_relaxation_bound_not_above_the_brute_force_optimum(case, resoluti
     if problem.recompute.enabled:
         pytest.skip("the floor relaxation leaves recompute out")
     assert not choose_grid(problem, resolution_ms).exact
-    bound = floor_relaxation_bound(problem, upper=brute.schedule, upper_ms=brute.makespan_ms, floor=Bound(0.0, "-"),
-                                   time_limit_s=20.0, workers=1, resolution_ms=resolution_ms)
+    upper = Judged("brute", brute.schedule, simulate(problem, brute.schedule))
+    bound = floor_relaxation_bound(problem, upper=upper, floor=Bound(0.0, "-"), time_limit_s=20.0, workers=1,
+                                   resolution_ms=resolution_ms)
     assert 0.0 < bound.value <= brute.makespan_ms + _EPS, brute.schedule.to_text()
 
 
@@ -193,7 +194,7 @@ def test_cpsat_proof_on_a_shared_link_holds_against_a_schedule_it_once_missed():
 def test_floor_relaxation_holds_against_the_schedule_cpsat_once_missed():
     faster = simulate(SHARED, FASTER_THAN_CPSAT)
     for resolution_ms in (0.3, 0.7):
-        bound = floor_relaxation_bound(SHARED, upper=FASTER_THAN_CPSAT, upper_ms=faster.makespan,
+        bound = floor_relaxation_bound(SHARED, upper=Judged("faster", FASTER_THAN_CPSAT, faster),
                                        floor=Bound(0.0, "-"), time_limit_s=20.0, workers=1,
                                        resolution_ms=resolution_ms)
         assert bound.value <= faster.makespan + _EPS

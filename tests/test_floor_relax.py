@@ -12,21 +12,20 @@ import dataclasses
 
 import pytest
 
-from benchmarks.problem_grid import generated
+from benchmarks.problem_grid import generated, vshaped
 from optpipe.core.problem import Placement, Recompute
 from optpipe.core.simulate import simulate
 from optpipe.solvers.bounds import makespan_lower_bound
 from optpipe.solvers.compile import compile_problem
 from optpipe.solvers.floor_relax import floor_relaxation_applies, floor_relaxation_bound
 from optpipe.solvers.registry import generate
-from optpipe.solvers.result import SolveStatus
+from optpipe.solvers.result import Judged, SolveStatus
 from optpipe.solvers.timegrid import Grid, choose_grid
 
 
 def _tiny():
     """p = 2, v = 2 in V placement, m = 2, 0.3 of the activations, k = 1.6 (found by a fuzz run)."""
-    problem = generated(127, 2, 2, 2, 0.3, 1.6, seed=26)
-    return dataclasses.replace(problem, pipeline=dataclasses.replace(problem.pipeline, placement=Placement.VSHAPE))
+    return vshaped(generated(127, 2, 2, 2, 0.3, 1.6, seed=26))
 
 
 def test_a_floor_grid_rounds_lengths_down_and_holds_no_release_late():
@@ -47,12 +46,12 @@ def test_it_applies_where_the_grid_proves_nothing_and_the_whole_model_is_small()
 
 def test_it_proves_v_min_optimal_where_the_analytic_bound_is_9_percent_short():
     problem = _tiny()
-    v_min = simulate(problem, generate("V-Min", problem))
+    schedule = generate("V-Min", problem)
+    v_min = Judged("V-Min", schedule, simulate(problem, schedule))
     analytic = makespan_lower_bound(problem)
-    assert v_min.fits and analytic.value < 0.91 * v_min.makespan
-    bound = floor_relaxation_bound(problem, upper=generate("V-Min", problem), upper_ms=v_min.makespan,
-                                   floor=analytic, time_limit_s=20.0, workers=1)
-    assert bound.value == pytest.approx(v_min.makespan, abs=0.01)
+    assert v_min.fits and analytic.value < 0.91 * v_min.makespan_ms
+    bound = floor_relaxation_bound(problem, upper=v_min, floor=analytic, time_limit_s=20.0, workers=1)
+    assert bound.value == pytest.approx(v_min.makespan_ms, abs=0.01)
     assert "rounded down" in bound.reason
 
 
