@@ -16,7 +16,7 @@ import random
 
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 
-__all__ = ["grid", "generated", "huge", "small", "vshaped", "LARGE", "HUGE"]
+__all__ = ["grid", "generated", "huge", "small", "vshaped", "with_budgets", "LARGE", "HUGE"]
 
 _MIB = 2**20
 # (p, v, m, budget as a fraction of 1F1B-I's activations p*v + p - 1, k or None for no offload)
@@ -90,3 +90,10 @@ def vshaped(problem: Problem) -> Problem:
     """The same problem in V placement (v = 2: stage s and 2p - 1 - s on device s), named with -V."""
     pipeline = dataclasses.replace(problem.pipeline, placement=Placement.VSHAPE)
     return dataclasses.replace(problem, name=problem.name + "-V", pipeline=pipeline)
+
+
+def with_budgets(problem: Problem, factors: list[float]) -> list[Problem]:
+    """The problem at each budget factor, named with @<factor>x: whether a gap comes from the
+    budget (it closes as memory grows) or from the pipeline (it does not) shows in one table."""
+    return [dataclasses.replace(problem.with_budget(int(problem.memory.budget * factor)),
+                                name=f"{problem.name}@{factor:g}x") for factor in factors]

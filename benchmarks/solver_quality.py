@@ -134,13 +134,19 @@ def _every_heuristic(problem: Problem) -> dict:
     return {e.name: (e.judged.makespan_ms if e.fits else None) for e in compare(problem) if e.applicable}
 
 
-def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only: str = "") -> list[dict]:
+def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only: str = "",
+             budgets: list[float] | None = None) -> list[dict]:
     """The generated grid at each time limit: table, targets and JSON (results/solver_quality_grid.json,
-    or solver_quality_grid_only.json for the problems whose names contain ``only``)."""
-    from .problem_grid import grid
+    or solver_quality_grid_only.json for the problems whose names contain ``only``); with
+    ``budgets``, each problem at each of those multiples of its budget instead
+    (solver_quality_grid_budgets.json)."""
+    from .problem_grid import grid, with_budgets
 
     rows = []
-    for problem in (p for p in grid(seed, large) if only in p.name):
+    problems = [p for p in grid(seed, large) if only in p.name]
+    if budgets:
+        problems = [scaled for p in problems for scaled in with_budgets(p, budgets)]
+    for problem in problems:
         heuristics = _every_heuristic(problem)
         for limit in time_limits:
             console.print(f"[dim]{problem.name}: solving for up to {limit:g} s ...[/]")
@@ -156,8 +162,9 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only:
                       f"where the heuristic is >1% above the bound {cut} (target 50%), never worse than the best "
                       f"heuristic: "
                       f"{'yes' if t['never_worse_than_heuristic'] else 'NO'}")
-    save("solver_quality_grid_only" if only else "solver_quality_grid", rows, time_limits_s=time_limits, seed=seed,
-         summary=totals, only=only or None)
+    name = "solver_quality_grid" + ("_budgets" if budgets else "_only" if only else "")
+    save(name, rows, time_limits_s=time_limits, seed=seed, summary=totals, only=only or None,
+         budget_factors=budgets or None)
     return rows
 
 
@@ -260,6 +267,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--large", action="store_true", help="with --grid: add the p = 32, m = 256 problem")
     parser.add_argument("--only", default="", metavar="TEXT",
                         help="with --grid: only the problems whose names contain TEXT (for example p8-v3)")
+    parser.add_argument("--budgets", default="", metavar="F,F,...",
+                        help="with --grid: each problem at these multiples of its budget (for example 1,1.5,2): "
+                             "a gap that closes as memory grows is the budget's")
     parser.add_argument("--huge", action="store_true",
                         help="run the p = 64, v = 2, m = 512 problem at each of --time-limits instead")
     parser.add_argument("--small", type=int, default=0, metavar="N",
@@ -270,7 +280,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.huge:
         run_huge([float(x) for x in args.time_limits.split(",") if x], args.seed)
     elif args.grid:
-        run_grid([float(x) for x in args.time_limits.split(",") if x], args.seed, args.large, args.only)
+        run_grid([float(x) for x in args.time_limits.split(",") if x], args.seed, args.large, args.only,
+                 [float(x) for x in args.budgets.split(",") if x])
     else:
         run(args.time_limit, args.seed)
 
