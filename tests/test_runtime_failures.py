@@ -135,7 +135,12 @@ def _lost_peer_in_a_collective(rank: int, world_size: int) -> None:
 
     from optpipe.runtime.comm import collective
 
+    # The group is whole first: a rank that dies while gloo still connects the mesh fails the other's
+    # init_process_group instead (a RuntimeError from "connectFullMesh"), which once happened here
+    # under load. Rank 1 is then waiting in the collective when rank 0 goes.
+    dist.barrier()
     if rank == 0:
+        time.sleep(2.0)
         os._exit(9)  # gone without a word, as after kill -9
     time.sleep(0.5)
     collective("the loss all-reduce", dist.all_reduce, torch.zeros(1))
