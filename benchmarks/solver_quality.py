@@ -257,17 +257,28 @@ def run(time_limit_s: float = 60.0, seed: int = 0) -> list[dict]:
     return rows
 
 
+def _positives(text: str) -> list[float]:
+    """A comma-separated list of positive numbers (seconds, budget factors), for argparse."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 1,1.5,2") from None
+    if not values or any(not 0 < v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive numbers separated by commas, e.g. 1,1.5,2")
+    return values
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.solver_quality", description=__doc__.split("\n")[0])
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds per instance (default 60)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--grid", action="store_true", help="run the generated grid instead of the instances")
-    parser.add_argument("--time-limits", default="10,30,60", metavar="S,S,...",
+    parser.add_argument("--time-limits", type=_positives, default=[10.0, 30.0, 60.0], metavar="S,S,...",
                         help="with --grid: seconds per problem, one run each (default 10,30,60)")
     parser.add_argument("--large", action="store_true", help="with --grid: add the p = 32, m = 256 problem")
     parser.add_argument("--only", default="", metavar="TEXT",
                         help="with --grid: only the problems whose names contain TEXT (for example p8-v3)")
-    parser.add_argument("--budgets", default="", metavar="F,F,...",
+    parser.add_argument("--budgets", type=_positives, default=None, metavar="F,F,...",
                         help="with --grid: each problem at these multiples of its budget (for example 1,1.5,2): "
                              "a gap that closes as memory grows is the budget's")
     parser.add_argument("--huge", action="store_true",
@@ -275,13 +286,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small", type=int, default=0, metavar="N",
                         help="run N random problems of at most 160 compute ops at --time-limit instead")
     args = parser.parse_args(argv)
+    if args.budgets and not args.grid:
+        parser.error("--budgets scales the generated grid's problems: add --grid")
     if args.small:
         run_small(args.small, args.time_limit, args.seed)
     elif args.huge:
-        run_huge([float(x) for x in args.time_limits.split(",") if x], args.seed)
+        run_huge(args.time_limits, args.seed)
     elif args.grid:
-        run_grid([float(x) for x in args.time_limits.split(",") if x], args.seed, args.large, args.only,
-                 [float(x) for x in args.budgets.split(",") if x])
+        run_grid(args.time_limits, args.seed, args.large, args.only, args.budgets)
     else:
         run(args.time_limit, args.seed)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from benchmarks.problem_grid import grid, small, with_budgets
 
 
@@ -27,3 +29,13 @@ def test_with_budgets_scales_the_budget_and_nothing_else():
     for p in scaled:
         same = dataclasses.replace(p, name=problem.name, memory=problem.memory)
         assert same == problem
+
+
+def test_solver_quality_lists_of_numbers_are_checked_on_the_command_line(capsys):
+    from benchmarks.solver_quality import main
+
+    for argv in (["--grid", "--budgets", "x"], ["--grid", "--time-limits", "0,5"], ["--budgets", "1,2"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        assert "error:" in capsys.readouterr().err
