@@ -63,9 +63,15 @@ class PhaseIdle:
     device: int
     start: float  # the earliest any op of the device can start
     work: float  # its F, B and W
-    warm_up: float  # idle before the first backward (or, where smaller, case B's before the last forward)
+    before_backward: float  # idle before the first backward, when it starts before the last forward
+    forwards_first: float  # idle before the last forward, when every forward starts before any backward
     drain: float  # idle after the last forward
     last: float  # idle after the last backward
+
+    @property
+    def warm_up(self) -> float:
+        """The idle of the device's first window, whichever of the two cases holds."""
+        return min(self.before_backward, self.forwards_first)
 
     @property
     def idle(self) -> float:
@@ -74,6 +80,13 @@ class PhaseIdle:
     @property
     def value(self) -> float:
         return self.start + self.work + self.idle
+
+    def with_ends(self, warm_up: float, cool_down: float) -> float:
+        """The bound with two more proofs of idle (ends_relax.py): ``warm_up`` in a window
+        before the first backward, ``cool_down`` in one after the last forward ends. Each is a
+        part of the window its own argument here counts, so the larger of the two holds there."""
+        first = min(max(self.before_backward, warm_up), self.forwards_first)
+        return self.start + self.work + first + max(self.drain + self.last, cool_down)
 
 
 @dataclass(frozen=True)
@@ -182,7 +195,7 @@ def phase_idle(problem: Problem, device: int, head: dict, tail: dict) -> PhaseId
         case_b = max(0.0, min(f[s] for s in stages) + must_go * out_ms - (forwards - f[top]))
     else:
         case_b = _INF
-    return PhaseIdle(device, start, work, min(warm, case_b), drain, last)
+    return PhaseIdle(device, start, work, warm, case_b, drain, last)
 
 
 def _drain_idle(problem: Problem, costs: tuple[tuple[float, ...], ...], stages: tuple[int, ...], span: float,

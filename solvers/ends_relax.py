@@ -1,0 +1,351 @@
+"""A makespan bound from the idle a budget forces at a device's two ends, each end solved exactly.
+
+``phases.py`` counts that idle in closed form: before the first backward a device runs only
+forwards, and each holds its activation until its offload ends; after the last forward only
+backward and W passes run, and each pending pair holds its bytes until they end. The closed form
+takes every forward as available at once and every offload as back to back. Here each end is a
+small scheduling problem of its own, solved by CP-SAT, with the releases and tails of the
+one-machine relaxation (bounds.py: the data paths through the other devices, their own work,
+the budget's effect on the fill) kept. Both models hold only the ops that can run in their window,
+so they are small at any number of microbatches: at p = 8, v = 2, m = 24 (grid09) each solves to
+optimality in well under a second, and the bound rises from 1,747.8 to 1,793.0 ms.
+
+**Warm-up** (from the device's earliest start to R, the earliest its first backward can start,
+the j-th backward of each stage no earlier than ``device_jobs`` says): only forwards run there.
+The j-th forward of stage s in time order starts no earlier than its release, and after the j-th
+forward of each lower stage of the device plus the data path between them; it takes its whole
+activation from its start. The j-th offload of the stage starts after the j-th forward ends,
+offloads run one at a time, and each frees its activation at its end. Reloads before the first
+backward would only take memory, and are left out. The most forward time that can run before R
+bounds the busy time there; R, less the device's start and that, is idle.
+
+**Cool-down** (the last Q ms, Q the least tail of any stage's last forward: every forward has
+ended by then), solved backwards in time from the makespan: only B and W run there. The k-th B
+from the last of stage s ends no later than its tail before the makespan, after the k-th from the
+last of each higher stage of the device plus the path; the k-th W from the last starts after the
+k-th B from the last ends. Memory at time t is at least (a - keep) per B still to end, keep per
+W still to end, less a per reload still to start (a pair whose reload starts after t is on the
+host at t, at best), with the k-th reload from the last ending before the k-th B from the last
+starts, reloads one at a time. Seen backwards, B and W passes take memory at their ends and
+reloads give it back: the same model as the warm-up's, whose most busy time bounds Q's.
+
+Why labels can be dropped: numbering each kind's ops of a stage by time maps every fitting
+schedule onto a solution (device_relax.py's argument, from the first ranks and from the last);
+memory counts are at most what the device really holds.
+
+Every time is in whole units of 1/4000 of the window, every duration, lag and release rounded
+down and starts taken down to the unit (floor(a + b) >= floor(a) + floor(b); a reservoir at a
+unit counts the events before the next one, a real instant's level), and busy time is credited
+rounded up: every fitting schedule maps onto a solution whose busy time is no less. CP-SAT's
+proven bound on the most busy time holds whether or not it proves its answer optimal.
+
+A device's bound is ``PhaseIdle.with_ends``: its start, its work, and the larger of each end's
+two proofs of idle. Recompute is not modelled (a recomputed forward holds less).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import Op, OpKind
+from optpipe.core.semantics import duration_ms, stage_ms
+from optpipe.core.units import format_size
+
+from .bounds import Bound, Paths, data_paths, device_jobs
+from .phases import PhaseIdle, phase_idle
+
+__all__ = ["EndIdle", "ends_applies", "ends_bound", "end_idle"]
+
+_F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
+_UNITS = 4000  # a window in this many units: rounding down costs a few units per op
+_ROUND = 1e-6  # of a unit: float noise never rounds a length up, or a credit down
+_MIN_SOLVE_S = 0.05
+_EPS_MS = 1e-9
+# A device's two ends get at most this long in each round: most are proved in the first, in a
+# tenth of it; the hardest on the grid (grid14's device 11) in about 1.3 s.
+_ROUND_S = (0.5, 3.0)
+
+
+@dataclass(frozen=True)
+class EndIdle:
+    """What CP-SAT proves of one device's two ends (ms of idle; 0 where it proves nothing)."""
+
+    device: int
+    warm_up: float  # idle before the first backward
+    cool_down: float  # idle after the last forward
+    proved: bool  # both ends solved to optimality: more time proves no more
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """One kind's ops of one stage in a window, numbered by time from the window's start."""
+
+    duration: float  # ms
+    takes: int  # bytes taken from the op's start
+    releases: tuple[float, ...]  # per rank in the window, its earliest start (ms from the window's start)
+    transfer_ms: float | None  # an optional transfer per rank, after the rank's op ends
+    frees: int  # bytes the transfer gives back at its end
+
+
+def ends_applies(problem: Problem) -> bool:
+    """Recompute is not modelled; everything else is, at any size."""
+    return not problem.recompute.enabled
+
+
+def end_idle(problem: Problem, device: int, paths: Paths, *, time_limit_s: float, workers: int | None = None,
+             seed: int = 0) -> EndIdle:
+    """The idle CP-SAT proves at ``device``'s warm-up and cool-down, half the time limit each."""
+    jobs = device_jobs(problem, paths, device)
+    half = max(_MIN_SOLVE_S, time_limit_s / 2)
+    idle, proved = [], True
+    for window, chains, after in (_warm_up(problem, device, paths, jobs), _cool_down(problem, device, paths, jobs)):
+        busy, optimal = _most_busy(window, chains, after, problem.memory.budget, half, workers, seed)
+        idle.append(max(0.0, window - busy))
+        proved = proved and optimal
+    return EndIdle(device, idle[0], idle[1], proved)
+
+
+def ends_bound(problem: Problem, *, floor: Bound, time_limit_s: float, workers: int | None = None,
+               seed: int = 0, upper_ms: float = math.inf) -> Bound:
+    """``floor`` raised by the devices' ends, within the time limit; ``upper_ms``, a fitting
+    schedule's makespan, ends the search once the bound meets it.
+
+    Two rounds, as in device_relax.py: every device that could raise the bound (with the idle
+    of a greedy solution at both ends) gets a short solve, the largest analytic bound first (most are proved at
+    once); the ones not proved then share what is left, those that could raise it most first."""
+    if not ends_applies(problem):
+        return floor
+    paths = data_paths(problem)
+    began = time.monotonic()
+    left = lambda: time_limit_s - (time.monotonic() - began)  # noqa: E731
+    phases = {d: phase_idle(problem, d, paths.head, paths.tail) for d in range(problem.devices)}
+    most = {d: ph.with_ends(*_most_idle(problem, d, paths)) for d, ph in phases.items()}
+    best, open_ = floor, []
+    for round_ in (0, 1):
+        devices = sorted(phases, key=lambda d: (-phases[d].value, d)) if round_ == 0 else \
+            sorted(open_, key=lambda d: (-most[d], d))
+        open_ = []
+        for index, device in enumerate(devices):
+            if left() < _MIN_SOLVE_S or best.value >= upper_ms - _EPS_MS:
+                return best
+            if most[device] <= best.value:
+                continue
+            share = min(_ROUND_S[round_], left() / (len(devices) - index))
+            ends = end_idle(problem, device, paths, time_limit_s=share, workers=workers, seed=seed)
+            if not ends.proved:
+                open_.append(device)
+            best = _raised(problem, phases[device], ends, best)
+    return best
+
+
+def _raised(problem: Problem, phase: PhaseIdle, ends: EndIdle, best: Bound) -> Bound:
+    value = phase.with_ends(ends.warm_up, ends.cool_down)
+    if value <= best.value:
+        return best
+    after = max(phase.drain + phase.last, ends.cool_down)
+    return Bound(value, f"device {phase.device}: {phase.work:,.1f} ms of compute from {phase.start:,.1f} ms on, and "
+                        f"its budget of {format_size(problem.memory.budget)} and host link, solved exactly at its "
+                        f"ends, leave it idle at least {ends.warm_up:,.1f} ms before its first backward and "
+                        f"{after:,.1f} ms after its last forward")
+
+
+def _most_idle(problem: Problem, device: int, paths: Paths) -> tuple[float, float]:
+    """The most idle either end can prove (ms): its window less what one greedy order keeps busy."""
+    jobs = device_jobs(problem, paths, device)
+    return tuple(window - _greedy_busy(window, chains, after, problem.memory.budget)
+                 for window, chains, after in (_warm_up(problem, device, paths, jobs),
+                                               _cool_down(problem, device, paths, jobs)))
+
+
+def _greedy_busy(window: float, chains: dict, after: list, budget: int) -> float:
+    """The busy time in [0, window) of one solution of the window's model: the op that can start
+    first goes next, each followed by its transfer. A lower bound on the most, so that devices
+    whose ends cannot raise the bound are never solved (at p = 32 that is most of them)."""
+    rank = dict.fromkeys(chains, 0)
+    ends: dict[tuple, float] = {}  # (chain, rank) -> end
+    frees: list[tuple[float, int]] = []  # (time, bytes) the transfers placed so far give back
+    held, machine, channel, busy = 0, 0.0, 0.0, 0.0
+    before = {key: [(earlier, lag) for earlier, later, lag in after if later == key] for key in chains}
+    while True:
+        choice = None
+        for key, chain in chains.items():
+            r = rank[key]
+            if r >= len(chain.releases) or any((earlier, r) not in ends for earlier, _ in before[key]):
+                continue
+            start = max([machine, chain.releases[r]] + [ends[(earlier, r)] + lag for earlier, lag in before[key]])
+            level = held - sum(b for t, b in frees if t <= start)
+            for t, b in sorted(frees):  # wait for room, if the transfers give it
+                if level + chain.takes <= budget:
+                    break
+                if t > start:
+                    start, level = t, level - b
+            if level + chain.takes <= budget and start < window and (choice is None or start < choice[0]):
+                choice = (start, key)
+        if choice is None:
+            return busy
+        start, key = choice
+        chain = chains[key]
+        end = start + chain.duration
+        busy += min(chain.duration, window - start)
+        ends[(key, rank[key])] = end
+        rank[key] += 1
+        held += chain.takes
+        machine = end
+        if chain.transfer_ms is not None:
+            channel = max(channel, end) + chain.transfer_ms
+            frees.append((channel, chain.frees))
+
+
+def _job(jobs, index: int, m: int, rank: int, kind: int) -> tuple[float, float, float]:
+    """device_jobs' (release, duration, tail) of the rank-th op in time order of the index-th stage's kind (0 F, 1 B)."""
+    return jobs[(index * m + rank) * 3 + kind]
+
+
+def _while_in(window: float, releases) -> tuple[float, ...]:
+    """The releases of the ranks that can start in the window: a prefix, as ranks are numbered by time."""
+    return tuple(itertools.takewhile(lambda release: release < window, releases))
+
+
+def _warm_up(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, dict, list]:
+    """The window before the first backward: its length, the forwards by stage, the paths between them."""
+    pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
+    stages = pipe.stages_on(device)
+    f = stage_ms(problem, _F)
+    start = min(paths.head[(_F, s)] for s in stages)
+    window = min(_job(jobs, i, m, 0, 1)[0] for i in range(len(stages))) - start
+    chains = {}
+    for i, s in enumerate(stages):
+        releases = _while_in(window, (_job(jobs, i, m, j, 0)[0] - start for j in range(m)))
+        offload = duration_ms(problem, Op(_OFF, s, 0)) if problem.offload.enabled else None
+        chains[(_F, s)] = _Chain(f[s], memory.activation[s], releases, offload, memory.activation[s])
+    after = [((_F, s), (_F, t), paths.head[(_F, t)] - paths.head[(_F, s)] - f[s])
+             for s in stages for t in stages if t > s]
+    return window, chains, after
+
+
+def _cool_down(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, dict, list]:
+    """The last window, backwards from the makespan: its length, the B and W passes by stage
+    numbered from the last, the orders between them (the later in time first)."""
+    pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
+    stages = pipe.stages_on(device)
+    b, w = stage_ms(problem, _B), stage_ms(problem, _W)
+    window = min(_job(jobs, i, m, m - 1, 0)[2] for i in range(len(stages)))
+    chains = {}
+    for i, s in enumerate(stages):
+        act, keep = memory.activation[s], memory.weight_activation[s]
+        tails = _while_in(window, (_job(jobs, i, m, m - 1 - k, 1)[2] for k in range(m)))
+        reload = duration_ms(problem, Op(_REL, s, 0)) if problem.offload.enabled else None
+        chains[(_B, s)] = _Chain(b[s], act - keep, tails, reload, act)
+        chains[(_W, s)] = _Chain(w[s], keep, (0.0,) * min(m, math.floor(window / w[s]) + 1), None, 0)
+    after = [((_W, s), (_B, s), 0.0) for s in stages]
+    after += [((_B, s), (_B, t), paths.head[(_B, s)] - paths.head[(_B, t)] - b[t])
+              for s in stages for t in stages if t > s]
+    return window, chains, after
+
+
+def _most_busy(window: float, chains: dict, after: list, budget: int, time_limit_s: float, workers: int | None,
+               seed: int) -> tuple[float, bool]:
+    """An upper bound (ms) on the compute time the chains can run in [0, window) within the budget,
+    and whether CP-SAT proved it the most.
+
+    ``after``: (earlier, later, lag): the k-th op of ``later`` starts after the k-th of
+    ``earlier`` ends plus the lag, and is in the window only if that one is."""
+    if window <= 0 or not any(chain.releases for chain in chains.values()):
+        return 0.0, True
+    model = _Model(window)
+    for key, chain in chains.items():
+        model.chain(key, chain)
+    for earlier, later, lag in after:
+        model.order(chains, earlier, later, lag)
+    return model.solve(budget, time_limit_s, workers, seed)
+
+
+class _Model:
+    """The CP-SAT model of one window, in whole units (the module docstring says why they are safe)."""
+
+    def __init__(self, window: float):
+        self.window, self.unit = window, window / _UNITS
+        self.end = self.up(window)
+        self.cp = cp_model.CpModel()
+        self.compute, self.transfers, self.events, self.credits = [], [], [], []
+        self.ops: dict[tuple, tuple] = {}  # (chain, rank) -> (present, start)
+
+    def down(self, ms: float) -> int:
+        return max(0, math.floor(ms / self.unit - _ROUND))
+
+    def up(self, ms: float) -> int:
+        return math.ceil(ms / self.unit + _ROUND)
+
+    def chain(self, key: tuple, chain: _Chain) -> None:
+        """Its ranks: a prefix of them in the window, one after another, each credited with the
+        part of it in the window, each perhaps followed by its transfer."""
+        cp, end, length = self.cp, self.end, self.down(chain.duration)
+        moved = self.down(chain.transfer_ms) if chain.transfer_ms is not None else None
+        previous = None  # (present, start, transfer present, transfer start) of the rank before
+        for rank, release in enumerate(chain.releases):
+            present = cp.new_bool_var("")
+            start = cp.new_int_var(min(self.down(release), end), end, "")
+            cp.add(start <= end - 1).only_enforce_if(present)
+            self.compute.append(cp.new_optional_fixed_size_interval_var(start, length, present, ""))
+            credit = cp.new_int_var(0, self.up(chain.duration), "")
+            cp.add(credit <= self.up(chain.duration) * present)
+            cp.add(credit <= end - start).only_enforce_if(present)
+            self.credits.append(credit)
+            if chain.takes:
+                self.events.append((start, chain.takes, present))
+            moving = moving_start = None
+            if moved is not None:
+                moving = cp.new_bool_var("")
+                moving_start = cp.new_int_var(0, end + (len(chain.releases) + 1) * (moved + length), "")
+                cp.add_implication(moving, present)
+                cp.add(moving_start >= start + length).only_enforce_if(moving)
+                self.transfers.append(cp.new_optional_fixed_size_interval_var(moving_start, moved, moving, ""))
+                self.events.append((moving_start + moved, -chain.frees, moving))
+            if previous is not None:
+                cp.add_implication(present, previous[0])
+                cp.add(start >= previous[1] + length).only_enforce_if(present)
+                if moving is not None:
+                    cp.add_implication(moving, previous[2])
+                    cp.add(moving_start >= previous[3] + moved).only_enforce_if(moving)
+            self.ops[(key, rank)] = (present, start)
+            previous = (present, start, moving, moving_start)
+
+    def order(self, chains: dict, earlier: tuple, later: tuple, lag: float) -> None:
+        length = self.down(chains[earlier].duration)
+        for rank in range(len(chains[later].releases)):
+            if (earlier, rank) not in self.ops:  # the later one cannot be in the window either
+                self.cp.add(self.ops[(later, rank)][0] == 0)
+                continue
+            (first, first_start), (then, then_start) = self.ops[(earlier, rank)], self.ops[(later, rank)]
+            self.cp.add_implication(then, first)
+            self.cp.add(then_start >= first_start + length + self.down(lag)).only_enforce_if(then)
+
+    def solve(self, budget: int, time_limit_s: float, workers: int | None, seed: int) -> tuple[float, bool]:
+        cp = self.cp
+        cp.add_no_overlap(self.compute)
+        if self.transfers:
+            cp.add_no_overlap(self.transfers)
+        if self.events:
+            cp.add_reservoir_constraint_with_active([e[0] for e in self.events], [e[1] for e in self.events],
+                                                    [e[2] for e in self.events], 0, budget)
+        cp.maximize(sum(self.credits))
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+        solver.parameters.num_workers = workers or max(2, os.cpu_count() or 1)
+        solver.parameters.random_seed = seed
+        # Presolve is off, as in device_relax.py (it once claimed a wrong optimum on a reservoir
+        # model); the reservoir keeps its own propagator: expanded, the same answers took four to
+        # eight times longer.
+        solver.parameters.cp_model_presolve = False
+        solver.parameters.expand_reservoir_constraints = False
+        status = solver.solve(cp)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return self.window, False  # nothing proved
+        return min(self.window, solver.best_objective_bound * self.unit), status == cp_model.OPTIMAL

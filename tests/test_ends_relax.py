@@ -1,0 +1,137 @@
+"""Each device's warm-up and cool-down solved exactly (solvers/ends_relax.py): above the closed
+form where a tight budget and a slow host link bind, and never above an optimum or a fitting
+schedule (issue 11)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from optpipe.core.problem import Offload, Recompute
+from optpipe.solvers import ends_relax
+from optpipe.solvers.bounds import Bound, data_paths, device_jobs, makespan_lower_bound
+from optpipe.solvers.compare import compare
+from optpipe.solvers.compile import compile_problem
+from optpipe.solvers.ends_relax import end_idle, ends_applies, ends_bound
+from optpipe.solvers.phases import phase_idle
+
+from benchmarks.problem_grid import generated, vshaped
+from conftest import examples
+from test_bound_proofs import _BOTH, brute_force
+from test_phases import OPTIMA, _I, _problem
+
+_EPS = 1e-6
+_NONE = Bound(0.0, "none")
+
+
+def _ends(problem, time_limit_s: float = 4.0) -> float:
+    """The relaxation alone: no analytic bound beneath it."""
+    return ends_bound(problem, floor=_NONE, time_limit_s=time_limit_s, workers=1).value
+
+
+def _grid01():
+    """The benchmark grid's p = 4, v = 2, m = 16 row: 0.35 of 1F1B-I's activations, k = 2."""
+    return generated(1, 4, 2, 16, 0.35, 2.0, seed=0)
+
+
+def test_proves_a_compiled_schedule_all_but_optimal():
+    """Device 0's forwards cannot all be held, nor offloaded fast enough, before its first
+    backward: 890.2 ms, where the analytic bounds say 881.4 and a 60 s compile found 890.4."""
+    problem = _grid01()
+    analytic = makespan_lower_bound(problem)
+    bound = ends_bound(problem, floor=analytic, time_limit_s=10.0, workers=2)
+    assert analytic.value == pytest.approx(881.4, abs=0.05)
+    assert bound.value == pytest.approx(890.2, abs=0.05)
+    assert bound.reason.startswith("device 0:") and "solved exactly at its ends" in bound.reason
+
+
+def test_compile_reports_the_bound():
+    """At any size (grid01 is too large for the other relaxations) compile asks for it."""
+    compiled = compile_problem(_grid01(), time_limit_s=4.0, workers=2)
+    assert compiled.lower_bound_ms >= 890.1
+    assert compiled.lower_bound_ms <= compiled.makespan_ms + _EPS
+
+
+@pytest.mark.parametrize("problem, optimum", OPTIMA, ids=[f"case{k}" for k in range(len(OPTIMA))])
+def test_never_above_a_cpsat_optimum(problem, optimum):
+    assert _ends(problem) <= optimum + _EPS
+
+
+_costs = st.sampled_from([1.0, 2.0, 3.0])
+
+
+@settings(max_examples=examples(60, ci=10), deadline=None)
+@given(f=st.tuples(_costs, _costs), b=st.tuples(_costs, _costs), w=st.tuples(st.sampled_from([0.5, 1.0, 2.0]), _costs),
+       keep=st.tuples(st.sampled_from([10, 50, 90]), st.sampled_from([10, 50, 90])),
+       budget=st.sampled_from([100, 140, 150, 190, 200]), offload=st.booleans(),
+       bandwidth=st.sampled_from([2e4, 5e4, 4e5]))
+def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, offload, bandwidth):
+    """p = 2, m = 2: every schedule the simulator accepts, listed (test_bound_proofs.py), with
+    stage 0's activations kept or offloaded in every combination."""
+    link = Offload(True, bandwidth, bandwidth, 10**9) if offload else None
+    problem = _problem(2, 1, _I, 2, f, b, w, (100, 100), keep, budget, link)
+    free = {(0, i): _BOTH for i in range(2)} if offload else {}
+    brute = brute_force(problem, free)
+    if brute.schedule is not None:
+        assert _ends(problem) <= brute.makespan_ms + _EPS, brute.schedule.to_text()
+
+
+@settings(max_examples=examples(40, ci=6), deadline=None)
+@given(p=st.sampled_from([2, 3, 4, 6]), v=st.sampled_from([1, 2, 3]), rounds=st.sampled_from([1, 2, 3]),
+       fraction=st.sampled_from([0.15, 0.25, 0.4]), k=st.sampled_from([None, 0.6, 1.6, 3.0]),
+       vshape=st.booleans(), seed=st.integers(0, 999))
+def test_never_above_a_fitting_heuristic(p, v, rounds, fraction, k, vshape, seed):
+    """Larger pipelines than brute force reaches: every heuristic that fits is at least the bound."""
+    problem = generated(300, p, v, p * rounds, fraction, k, seed=seed)
+    if vshape and v == 2:
+        problem = vshaped(problem)
+    fitting = [e.judged.timeline.makespan for e in compare(problem) if e.judged is not None and e.fits]
+    if fitting:
+        assert _ends(problem, time_limit_s=2.0) <= min(fitting) + _EPS
+
+
+@settings(max_examples=examples(30, ci=5), deadline=None)
+@given(p=st.sampled_from([3, 4, 6, 8]), v=st.sampled_from([1, 2, 3]), fraction=st.sampled_from([0.15, 0.3]),
+       k=st.sampled_from([None, 0.6, 2.0]), seed=st.integers(0, 999))
+def test_the_greedy_order_is_a_solution_of_the_model(p, v, fraction, k, seed):
+    """The greedy busy time that decides which devices to solve is one solution's: never above
+    what CP-SAT proves the most (a check of both)."""
+    problem = generated(301, p, v, 2 * p, fraction, k, seed=seed)
+    paths = data_paths(problem)
+    for device in (0, p - 1):
+        jobs = device_jobs(problem, paths, device)
+        for window, chains, after in (ends_relax._warm_up(problem, device, paths, jobs),
+                                      ends_relax._cool_down(problem, device, paths, jobs)):
+            greedy = ends_relax._greedy_busy(window, chains, after, problem.memory.budget)
+            most, _ = ends_relax._most_busy(window, chains, after, problem.memory.budget, 2.0, 1, 0)
+            assert 0.0 <= greedy <= most + 1e-6 * max(1.0, window) and most <= window + _EPS
+
+
+def test_with_no_more_idle_the_phases_bound_is_unchanged():
+    problem = _grid01()
+    paths = data_paths(problem)
+    for device in range(problem.devices):
+        phase = phase_idle(problem, device, paths.head, paths.tail)
+        assert phase.with_ends(0.0, 0.0) == pytest.approx(phase.value)
+        assert phase.with_ends(50.0, 50.0) >= phase.value
+        # more warm-up idle than case B's never counts: either case may be the schedule's
+        assert phase.with_ends(1e9, 0.0) <= phase.value - phase.warm_up + max(phase.warm_up, phase.forwards_first) + _EPS
+
+
+def test_a_device_with_room_for_everything_idles_only_for_data():
+    """With the budget far above what the device can ever hold, the ends prove nothing the data
+    paths do not: a warm-up wait of exactly the releases, no idle at the end."""
+    problem = generated(1, 4, 2, 16, 4.0, None, seed=0)
+    paths = data_paths(problem)
+    ends = end_idle(problem, 0, paths, time_limit_s=4.0, workers=1)
+    assert ends.proved and ends.cool_down == pytest.approx(0.0, abs=0.05)
+    assert ends_bound(problem, floor=makespan_lower_bound(problem), time_limit_s=4.0).value == \
+        pytest.approx(makespan_lower_bound(problem).value)
+
+
+def test_recompute_is_left_to_the_other_bounds():
+    problem = _problem(2, 1, _I, 2, (1.0, 1.0), (1.0, 1.0), (1.0, 1.0), (100, 100), (10, 10), 150,
+                       recompute=Recompute(True, (1.0, 1.0), (20, 20)))
+    assert not ends_applies(problem)
+    assert ends_bound(problem, floor=_NONE, time_limit_s=1.0) is _NONE
