@@ -70,7 +70,8 @@ def test_compile_reports_the_relaxed_bound_and_solves_from_it(monkeypatch):
     monkeypatch.setattr(cpsat, "solve_cpsat", lambda *a, floor_ms=0.0, **k: floors.append(floor_ms) or solve(*a, floor_ms=floor_ms, **k))
     compiled = compile_problem(problem, time_limit_s=4.0, workers=2)
     assert len(asked) == 1 and asked[0][0] >= compiled.judged.timeline.makespan - _EPS
-    assert asked[0][1] == pytest.approx(makespan_lower_bound(problem).value) and 0 < asked[0][2] <= 1.0
+    # its floor: the bound so far (the devices' ends raise the analytic one first, ends_relax.py)
+    assert asked[0][1] >= makespan_lower_bound(problem).value - _EPS and 0 < asked[0][2] <= 1.0
     assert floors == [359.0]
     assert compiled.lower_bound_ms == 359.0 and compiled.lower_bound_reason == "device 3: relaxed"
 
