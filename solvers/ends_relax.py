@@ -8,7 +8,7 @@ small scheduling problem of its own, solved by CP-SAT, with the releases and tai
 one-machine relaxation (bounds.py: the data paths through the other devices, their own work,
 the budget's effect on the fill) kept. Both models hold only the ops that can run in their window,
 so they are small at any number of microbatches: at p = 8, v = 2, m = 24 (grid09) each solves to
-optimality in well under a second, and the bound rises from 1,747.8 to 1,793.0 ms.
+optimality in well under a second, and the bound rises from 1,747.8 to 1,792.9 ms.
 
 **Warm-up** (from the device's earliest start to R, the earliest its first backward can start,
 the j-th backward of each stage no earlier than ``device_jobs`` says): only forwards run there.
@@ -40,7 +40,9 @@ rounded up: every fitting schedule maps onto a solution whose busy time is no le
 proven bound on the most busy time holds whether or not it proves its answer optimal.
 
 A device's bound is ``PhaseIdle.with_ends``: its start, its work, and the larger of each end's
-two proofs of idle. Recompute is not modelled (a recomputed forward holds less).
+two proofs of idle. Also relaxed: a shared host link (each device's transfers only keep off each
+other), the host budget, and a fused BW (a B then its W, whose part of the memory is freed
+earlier). Recompute is not modelled (a recomputed forward holds less).
 """
 
 from __future__ import annotations
@@ -102,14 +104,7 @@ def ends_applies(problem: Problem) -> bool:
 def end_idle(problem: Problem, device: int, paths: Paths, *, time_limit_s: float, workers: int | None = None,
              seed: int = 0) -> EndIdle:
     """The idle CP-SAT proves at ``device``'s warm-up and cool-down, half the time limit each."""
-    jobs = device_jobs(problem, paths, device)
-    half = max(_MIN_SOLVE_S, time_limit_s / 2)
-    idle, proved = [], True
-    for window, chains, after in (_warm_up(problem, device, paths, jobs), _cool_down(problem, device, paths, jobs)):
-        busy, optimal = _most_busy(window, chains, after, problem.memory.budget, half, workers, seed)
-        idle.append(max(0.0, window - busy))
-        proved = proved and optimal
-    return EndIdle(device, idle[0], idle[1], proved)
+    return _solve(device, _windows(problem, device, paths), problem.memory.budget, time_limit_s, workers, seed)
 
 
 def ends_bound(problem: Problem, *, floor: Bound, time_limit_s: float, workers: int | None = None,
@@ -118,15 +113,17 @@ def ends_bound(problem: Problem, *, floor: Bound, time_limit_s: float, workers: 
     schedule's makespan, ends the search once the bound meets it.
 
     Two rounds, as in device_relax.py: every device that could raise the bound (with the idle
-    of a greedy solution at both ends) gets a short solve, the largest analytic bound first (most are proved at
-    once); the ones not proved then share what is left, those that could raise it most first."""
+    of a greedy solution at both ends) gets a short solve, the largest analytic bound first (most
+    are proved at once); the ones not proved then share what is left, those that could raise it
+    most first."""
     if not ends_applies(problem):
         return floor
-    paths = data_paths(problem)
+    paths, budget = data_paths(problem), problem.memory.budget
     began = time.monotonic()
     left = lambda: time_limit_s - (time.monotonic() - began)  # noqa: E731
     phases = {d: phase_idle(problem, d, paths.head, paths.tail) for d in range(problem.devices)}
-    most = {d: ph.with_ends(*_most_idle(problem, d, paths)) for d, ph in phases.items()}
+    windows: dict[int, tuple] = {}  # built when a device is first looked at
+    most: dict[int, float] = {}  # the device's bound with a greedy solution's idle at both ends
     best, open_ = floor, []
     for round_ in (0, 1):
         devices = sorted(phases, key=lambda d: (-phases[d].value, d)) if round_ == 0 else \
@@ -135,14 +132,34 @@ def ends_bound(problem: Problem, *, floor: Bound, time_limit_s: float, workers: 
         for index, device in enumerate(devices):
             if left() < _MIN_SOLVE_S or best.value >= upper_ms - _EPS_MS:
                 return best
+            if device not in windows:
+                windows[device] = _windows(problem, device, paths)
+                most[device] = phases[device].with_ends(*(window - _greedy_busy(window, chains, after, budget)
+                                                          for window, chains, after in windows[device]))
             if most[device] <= best.value:
                 continue
             share = min(_ROUND_S[round_], left() / (len(devices) - index))
-            ends = end_idle(problem, device, paths, time_limit_s=share, workers=workers, seed=seed)
+            ends = _solve(device, windows[device], budget, share, workers, seed)
             if not ends.proved:
                 open_.append(device)
             best = _raised(problem, phases[device], ends, best)
     return best
+
+
+def _windows(problem: Problem, device: int, paths: Paths) -> tuple[tuple, tuple]:
+    """The device's warm-up and cool-down: each (length, chains, orders)."""
+    jobs = device_jobs(problem, paths, device)
+    return _warm_up(problem, device, paths, jobs), _cool_down(problem, device, paths, jobs)
+
+
+def _solve(device: int, windows: tuple, budget: int, time_limit_s: float, workers: int | None, seed: int) -> EndIdle:
+    half = max(_MIN_SOLVE_S, time_limit_s / 2)
+    idle, proved = [], True
+    for window, chains, after in windows:
+        busy, optimal = _most_busy(window, chains, after, budget, half, workers, seed)
+        idle.append(max(0.0, window - busy))
+        proved = proved and optimal
+    return EndIdle(device, idle[0], idle[1], proved)
 
 
 def _raised(problem: Problem, phase: PhaseIdle, ends: EndIdle, best: Bound) -> Bound:
@@ -156,21 +173,14 @@ def _raised(problem: Problem, phase: PhaseIdle, ends: EndIdle, best: Bound) -> B
                         f"{after:,.1f} ms after its last forward")
 
 
-def _most_idle(problem: Problem, device: int, paths: Paths) -> tuple[float, float]:
-    """The most idle either end can prove (ms): its window less what one greedy order keeps busy."""
-    jobs = device_jobs(problem, paths, device)
-    return tuple(window - _greedy_busy(window, chains, after, problem.memory.budget)
-                 for window, chains, after in (_warm_up(problem, device, paths, jobs),
-                                               _cool_down(problem, device, paths, jobs)))
-
-
 def _greedy_busy(window: float, chains: dict, after: list, budget: int) -> float:
     """The busy time in [0, window) of one solution of the window's model: the op that can start
     first goes next, each followed by its transfer. A lower bound on the most, so that devices
     whose ends cannot raise the bound are never solved (at p = 32 that is most of them)."""
     rank = dict.fromkeys(chains, 0)
     ends: dict[tuple, float] = {}  # (chain, rank) -> end
-    frees: list[tuple[float, int]] = []  # (time, bytes) the transfers placed so far give back
+    frees: list[tuple[float, int]] = []  # (time, bytes) the transfers give back, in time order (one channel)
+    done = 0  # frees[:done] have happened by ``machine``
     held, machine, channel, busy = 0, 0.0, 0.0, 0.0
     before = {key: [(earlier, lag) for earlier, later, lag in after if later == key] for key in chains}
     while True:
@@ -180,26 +190,23 @@ def _greedy_busy(window: float, chains: dict, after: list, budget: int) -> float
             if r >= len(chain.releases) or any((earlier, r) not in ends for earlier, _ in before[key]):
                 continue
             start = max([machine, chain.releases[r]] + [ends[(earlier, r)] + lag for earlier, lag in before[key]])
-            level = held - sum(b for t, b in frees if t <= start)
-            for t, b in sorted(frees):  # wait for room, if the transfers give it
-                if level + chain.takes <= budget:
-                    break
-                if t > start:
-                    start, level = t, level - b
+            level, k = held, done
+            while k < len(frees) and (frees[k][0] <= start or level + chain.takes > budget):
+                start, level, k = max(start, frees[k][0]), level - frees[k][1], k + 1  # room, if a transfer gives it
             if level + chain.takes <= budget and start < window and (choice is None or start < choice[0]):
                 choice = (start, key)
         if choice is None:
             return busy
         start, key = choice
         chain = chains[key]
-        end = start + chain.duration
         busy += min(chain.duration, window - start)
-        ends[(key, rank[key])] = end
+        ends[(key, rank[key])] = machine = start + chain.duration
         rank[key] += 1
+        while done < len(frees) and frees[done][0] <= start:
+            held, done = held - frees[done][1], done + 1
         held += chain.takes
-        machine = end
         if chain.transfer_ms is not None:
-            channel = max(channel, end) + chain.transfer_ms
+            channel = max(channel, machine) + chain.transfer_ms
             frees.append((channel, chain.frees))
 
 

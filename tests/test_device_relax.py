@@ -97,18 +97,21 @@ def test_the_last_ranks_prove_more_than_the_analytic_bounds_at_m_8():
 _costs = st.sampled_from([1.0, 2.0, 3.0])
 
 
+def brute_two_stages(f, b, w, keep, budget: int, offload: bool, bandwidth: float):
+    """p = 2, m = 2 and every schedule the simulator accepts, listed (test_bound_proofs.py), with
+    stage 0's activations kept or offloaded in every combination: the problem and its optimum."""
+    link = Offload(True, bandwidth, bandwidth, 10**9) if offload else None
+    problem = _problem(2, 1, _I, 2, f, b, w, (100, 100), keep, budget, link)
+    return problem, brute_force(problem, {(0, i): _BOTH for i in range(2)} if offload else {})
+
+
 @settings(max_examples=examples(60, ci=8), deadline=None)
 @given(f=st.tuples(_costs, _costs), b=st.tuples(_costs, _costs), w=st.tuples(st.sampled_from([0.5, 1.0, 2.0]), _costs),
        keep=st.tuples(st.sampled_from([10, 50, 90]), st.sampled_from([10, 50, 90])),
        budget=st.sampled_from([100, 140, 150, 190, 200]), offload=st.booleans(),
        bandwidth=st.sampled_from([2e4, 5e4, 4e5]), last=st.sampled_from([None, 1]))
 def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, offload, bandwidth, last):
-    """p = 2, m = 2: every schedule the simulator accepts, listed (test_bound_proofs.py), with
-    stage 0's activations kept or offloaded in every combination."""
-    link = Offload(True, bandwidth, bandwidth, 10**9) if offload else None
-    problem = _problem(2, 1, _I, 2, f, b, w, (100, 100), keep, budget, link)
-    free = {(0, i): _BOTH for i in range(2)} if offload else {}
-    brute = brute_force(problem, free)
+    problem, brute = brute_two_stages(f, b, w, keep, budget, offload, bandwidth)
     if brute.schedule is not None:
         assert _relaxed(problem, upper_ms=brute.makespan_ms * 1.5, last=last) <= brute.makespan_ms + _EPS, \
             brute.schedule.to_text()

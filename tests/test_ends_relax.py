@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optpipe.core.problem import Offload, Recompute
+from optpipe.core.problem import Recompute
 from optpipe.solvers import ends_relax
 from optpipe.solvers.bounds import Bound, data_paths, device_jobs, makespan_lower_bound
 from optpipe.solvers.compare import compare
@@ -18,7 +18,7 @@ from optpipe.solvers.phases import phase_idle
 
 from benchmarks.problem_grid import generated, vshaped
 from conftest import examples
-from test_bound_proofs import _BOTH, brute_force
+from test_device_relax import brute_two_stages
 from test_phases import OPTIMA, _I, _problem
 
 _EPS = 1e-6
@@ -67,12 +67,8 @@ _costs = st.sampled_from([1.0, 2.0, 3.0])
        budget=st.sampled_from([100, 140, 150, 190, 200]), offload=st.booleans(),
        bandwidth=st.sampled_from([2e4, 5e4, 4e5]))
 def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, offload, bandwidth):
-    """p = 2, m = 2: every schedule the simulator accepts, listed (test_bound_proofs.py), with
-    stage 0's activations kept or offloaded in every combination."""
-    link = Offload(True, bandwidth, bandwidth, 10**9) if offload else None
-    problem = _problem(2, 1, _I, 2, f, b, w, (100, 100), keep, budget, link)
-    free = {(0, i): _BOTH for i in range(2)} if offload else {}
-    brute = brute_force(problem, free)
+    """p = 2, m = 2, stage 0's activations kept or offloaded: every order (test_device_relax.py)."""
+    problem, brute = brute_two_stages(f, b, w, keep, budget, offload, bandwidth)
     if brute.schedule is not None:
         assert _ends(problem) <= brute.makespan_ms + _EPS, brute.schedule.to_text()
 
