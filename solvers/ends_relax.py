@@ -167,9 +167,10 @@ def _raised(problem: Problem, phase: PhaseIdle, ends: EndIdle, best: Bound) -> B
     if value <= best.value:
         return best
     after = max(phase.drain + phase.last, ends.cool_down)
+    before = value - phase.start - phase.work - after  # the first window's idle, as with_ends counts it
     return Bound(value, f"device {phase.device}: {phase.work:,.1f} ms of compute from {phase.start:,.1f} ms on, and "
                         f"its budget of {format_size(problem.memory.budget)} and host link, solved exactly at its "
-                        f"ends, leave it idle at least {ends.warm_up:,.1f} ms before its first backward and "
+                        f"ends, leave it idle at least {before:,.1f} ms before its first backward and "
                         f"{after:,.1f} ms after its last forward")
 
 
@@ -239,7 +240,8 @@ def _warm_up(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, 
 
 def _cool_down(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, dict, list]:
     """The last window, backwards from the makespan: its length, the B and W passes by stage
-    numbered from the last, the orders between them (the later in time first)."""
+    numbered from the last, and the orders between them in reversed time (a W before its B, a
+    stage's B before the B of the stage above it)."""
     pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
     stages = pipe.stages_on(device)
     b, w = stage_ms(problem, _B), stage_ms(problem, _W)
