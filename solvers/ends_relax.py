@@ -295,16 +295,20 @@ class _Model:
     def chain(self, key: tuple, chain: _Chain) -> None:
         """Its ranks: a prefix of them in the window, one after another, each credited with the
         part of it in the window, each perhaps followed by its transfer."""
-        cp, end, length = self.cp, self.end, self.down(chain.duration)
-        moved = self.down(chain.transfer_ms) if chain.transfer_ms is not None else None
+        # An op longer than the window fills it; a transfer as long ends after it, where it frees
+        # nothing the window sees: both cut to the window (more room, so still a relaxation).
+        cp, end = self.cp, self.end
+        length, most = min(self.down(chain.duration), end), min(self.up(chain.duration), end)
+        moved = self.down(chain.transfer_ms) if chain.transfer_ms is not None else end
+        moved = moved if moved < end else None
         previous = None  # (present, start, transfer present, transfer start) of the rank before
         for rank, release in enumerate(chain.releases):
             present = cp.new_bool_var("")
             start = cp.new_int_var(min(self.down(release), end), end, "")
             cp.add(start <= end - 1).only_enforce_if(present)
             self.compute.append(cp.new_optional_fixed_size_interval_var(start, length, present, ""))
-            credit = cp.new_int_var(0, self.up(chain.duration), "")
-            cp.add(credit <= self.up(chain.duration) * present)
+            credit = cp.new_int_var(0, most, "")
+            cp.add(credit <= most * present)
             cp.add(credit <= end - start).only_enforce_if(present)
             self.credits.append(credit)
             if chain.takes:
@@ -327,14 +331,14 @@ class _Model:
             previous = (present, start, moving, moving_start)
 
     def order(self, chains: dict, earlier: tuple, later: tuple, lag: float) -> None:
-        length = self.down(chains[earlier].duration)
+        length = min(self.down(chains[earlier].duration), self.end)
         for rank in range(len(chains[later].releases)):
             if (earlier, rank) not in self.ops:  # the later one cannot be in the window either
                 self.cp.add(self.ops[(later, rank)][0] == 0)
                 continue
             (first, first_start), (then, then_start) = self.ops[(earlier, rank)], self.ops[(later, rank)]
             self.cp.add_implication(then, first)
-            self.cp.add(then_start >= first_start + length + self.down(lag)).only_enforce_if(then)
+            self.cp.add(then_start >= first_start + length + min(self.down(lag), self.end + 1)).only_enforce_if(then)
 
     def solve(self, budget: int, time_limit_s: float, workers: int | None, seed: int) -> tuple[float, bool]:
         cp = self.cp
@@ -342,8 +346,9 @@ class _Model:
         if self.transfers:
             cp.add_no_overlap(self.transfers)
         if self.events:
-            cp.add_reservoir_constraint_with_active([e[0] for e in self.events], [e[1] for e in self.events],
-                                                    [e[2] for e in self.events], 0, budget)
+            changes, least, most = _bytes_in_units([e[1] for e in self.events], budget)
+            cp.add_reservoir_constraint_with_active([e[0] for e in self.events], changes,
+                                                    [e[2] for e in self.events], least, most)
         cp.maximize(sum(self.credits))
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
@@ -358,3 +363,15 @@ class _Model:
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return self.window, False  # nothing proved
         return min(self.window, solver.best_objective_bound * self.unit), status == cp_model.OPTIMAL
+
+
+def _bytes_in_units(changes: list[int], budget: int) -> tuple[list[int], int, int]:
+    """Memory changes and the budget in units CP-SAT's int64 levels hold, with the reservoir's
+    least and most level. Exact bytes up to 2**40 in all; past that (sizes up to an EiB) each
+    byte count is taken in units of q bytes, what an op takes rounded down and what it gives back
+    rounded up, so every level is at most the real one over q, and the budget over q rounded down
+    still holds it. A level may then dip below zero by a unit per release: the least allows it."""
+    q = -(-sum(c for c in changes if c > 0) // 2**40)
+    if q <= 1:
+        return changes, 0, budget
+    return [c // q for c in changes], -len(changes), budget // q  # floor division: down, or up for a release

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optpipe.core.problem import Recompute
+from optpipe.core.problem import Offload, Recompute
 from optpipe.solvers import ends_relax
 from optpipe.solvers.bounds import Bound, data_paths, device_jobs, makespan_lower_bound
 from optpipe.solvers.compare import compare
@@ -131,3 +131,26 @@ def test_recompute_is_left_to_the_other_bounds():
                        recompute=Recompute(True, (1.0, 1.0), (20, 20)))
     assert not ends_applies(problem)
     assert ends_bound(problem, floor=_NONE, time_limit_s=1.0) is _NONE
+
+
+def test_terabyte_activations_and_a_crawling_link_are_no_overflow():
+    """Offloads a trillion times longer than the window, and bytes past int64's room for a sum of
+    many (sizes up to an EiB): the model cuts what cannot matter and counts memory in coarser
+    units, and stays a bound (a fuzz of 11,000 such problems found these)."""
+    tib = 2**40
+    problem = _problem(2, 3, _I, 2, (0.001, 0.002, 0.0073, 0.0073, 0.001, 0.0073),
+                       (0.0005, 0.002, 0.0146, 0.0073, 0.0005, 0.0073), (0.003, 0.0002, 0.0073, 0.0219, 0.001, 0.0073),
+                       (2**30, tib, 2**30, tib, 2**30, 1), (2**30, tib // 2, 2**30, 0, 2**30, 0), 3 * tib,
+                       Offload(True, 1.0, 2.0, 1))
+    fitting = [e.judged.timeline.makespan for e in compare(problem) if e.judged is not None and e.fits]
+    bound = ends_bound(problem, floor=makespan_lower_bound(problem), time_limit_s=2.0, workers=1)
+    assert bound.value >= makespan_lower_bound(problem).value
+    assert not fitting or bound.value <= min(fitting) + _EPS
+
+
+def test_memory_in_coarser_units_rounds_each_way_for_a_relaxation():
+    changes, least, most = ends_relax._bytes_in_units([2**41 + 1, -(2**41 + 1), 2**41], 2**42 + 7)
+    q = -(-(2**42 + 1) // 2**40)  # the most the takes can hold, over 2**40: 5
+    assert changes == [(2**41 + 1) // q, -((2**41 + 1 + q - 1) // q), 2**41 // q]  # takes down, gives back up
+    assert most == (2**42 + 7) // q and least == -3
+    assert ends_relax._bytes_in_units([5, -5, 3], 10) == ([5, -5, 3], 0, 10)  # exact where it fits
