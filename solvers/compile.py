@@ -81,6 +81,9 @@ _SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solve
 # per device) 300 s of the whole model never improved its 645 ms warm start; 60 s of windows
 # found 602.6 ms.
 _WHOLE_STALL, _MIN_WINDOWS_S = 0.25, 1.0
+# What OR-Tools raises on a model whose numbers it cannot hold (a domain past int64 when durations
+# span 1e-6 to 1e12 ms): optpipe's fault, reported as a warning; compile goes on with what it has.
+_MODEL_ERRORS = (ArithmeticError, TypeError, ValueError, RuntimeError)
 
 
 @dataclass(frozen=True)
@@ -160,9 +163,10 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
                                              resolution)
         candidates += pure
     start = fastest_fitting(candidates)
+    warnings: list[str] = []
     if start is not None:
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))
-        bound = _relaxed(problem, solver, start, bound, (began, end, time_limit_s), workers, seed, report)
+        bound = _relaxed(problem, solver, start, bound, (began, end, time_limit_s), workers, seed, report, warnings)
     # With both pure strategies solved, only the mixes are left to search: CP-SAT from a pure
     # answer rarely leaves it, so the mixes get a search of their own from a mixed first solution.
     mixes_only = both_solved and start is not None and exact_model_fits(problem)
@@ -174,7 +178,6 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     # with a fitting start and no time left (p = 64, m = 512 at 60 s), the search is not begun:
     # setting it up alone takes seconds there
     out_of_time = start is not None and left <= MIN_STEP_S
-    warnings: list[str] = []
     result = None if meets_bound or out_of_time else _verified(problem, solver, warnings, lambda: _run(
         problem, solver, hint, left, seed, workers, on_progress, bound, candidates, mixes_only=mixes_only,
         resolution_ms=resolution))
@@ -192,7 +195,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
 
 
 def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: tuple[float, float, float],
-             workers: int, seed: int, report: Callable[[Progress], None]) -> Bound:
+             workers: int, seed: int, report: Callable[[Progress], None], warnings: list[str]) -> Bound:
     """The bound raised by the relaxations, where a tight budget and a slow host link leave the
     analytic bounds below the optimum: at any size each device's two ends solved exactly
     (ends_relax.py; grid09, p = 8, v = 2, m = 24: 1,747.8 ms analytic, 1,792.9 proved, about 1,826
@@ -214,21 +217,33 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
     if ends_applies(problem):  # at any size: each device's two ends, solved exactly
         small = floor_relaxation_applies(problem) or relaxation_applies(problem)
         now = time.monotonic()
-        bound = ends_bound(problem, floor=bound, time_limit_s=(_ENDS_SHARE if small else 1.0) * (until - now),
-                           workers=workers, seed=seed, upper_ms=upper)
+        bound = _guarded("devices' ends", warnings, bound, lambda: ends_bound(
+            problem, floor=bound, time_limit_s=(_ENDS_SHARE if small else 1.0) * (until - now), workers=workers,
+            seed=seed, upper_ms=upper))
         report(Progress(time.monotonic() - began, upper, bound.value, "bound: devices' ends solved exactly"))
         if small:  # the other two keep their shares: the ends take a fraction of a second where they prove
             until = min(end, until + time.monotonic() - now)
     if floor_relaxation_applies(problem) and upper > bound.value + _EPS:  # the whole model, where its grid proves nothing
-        bound = floor_relaxation_bound(problem, upper=start, floor=bound,
-                                       time_limit_s=_FLOOR_SHARE * (until - time.monotonic()), workers=workers,
-                                       seed=seed)
+        bound = _guarded("whole model's floor-grid", warnings, bound, lambda: floor_relaxation_bound(
+            problem, upper=start, floor=bound, time_limit_s=_FLOOR_SHARE * (until - time.monotonic()),
+            workers=workers, seed=seed))
         report(Progress(time.monotonic() - began, upper, bound.value, "bound: whole model, durations rounded down"))
     left = until - time.monotonic()
     if relaxation_applies(problem) and upper > bound.value + _EPS and left > MIN_STEP_S:
-        bound = relaxation_bound(problem, upper_ms=upper, floor=bound, time_limit_s=left, workers=workers, seed=seed)
+        bound = _guarded("devices' relaxation", warnings, bound, lambda: relaxation_bound(
+            problem, upper_ms=upper, floor=bound, time_limit_s=left, workers=workers, seed=seed))
         report(Progress(time.monotonic() - began, upper, bound.value, "bound: devices relaxed"))
     return bound
+
+
+def _guarded(what: str, warnings: list[str], bound: Bound, relax: Callable[[], Bound]) -> Bound:
+    """``relax()``, or ``bound`` as it was when the relaxation fails inside: a weaker bound, said in
+    a warning, never a traceback."""
+    try:
+        return relax()
+    except _MODEL_ERRORS as error:
+        warnings.append(f"the {what} bound was left out: it failed inside ({error!r}); please report this problem")
+        return bound
 
 
 def _simulate_s(problem: Problem, judged: Judged) -> float:
@@ -248,6 +263,9 @@ def _verified(problem: Problem, solver: str, warnings: list[str], run: Callable[
         result = run()
     except InternalError as error:
         warnings.append(f"{solver}'s answer was dropped: {error}")
+        return None
+    except _MODEL_ERRORS as error:
+        warnings.append(f"{solver}'s answer was dropped: it failed inside ({error!r}); please report this problem")
         return None
     if result is None or result.schedule is None:
         return result

@@ -154,3 +154,25 @@ def test_memory_in_coarser_units_rounds_each_way_for_a_relaxation():
     assert changes == [(2**41 + 1) // q, -((2**41 + 1 + q - 1) // q), 2**41 // q]  # takes down, gives back up
     assert most == (2**42 + 7) // q and least == -3
     assert ends_relax._bytes_in_units([5, -5, 3], 10) == ([5, -5, 3], 0, 10)  # exact where it fits
+
+
+def test_a_relaxation_failing_inside_is_a_warning_not_a_traceback(monkeypatch):
+    def broken(*args, **kwargs):
+        raise TypeError("Domain(0, 26465588481216000945)")
+
+    monkeypatch.setattr(ends_relax, "ends_bound", broken)
+    compiled = compile_problem(_grid01(), time_limit_s=2.0, workers=2)
+    assert compiled.judged.fits and compiled.lower_bound_ms <= compiled.makespan_ms + _EPS
+    assert any("devices' ends bound was left out" in warning for warning in compiled.warnings)
+
+
+def test_compile_survives_microsecond_ops_beside_terabyte_offloads():
+    """A fuzz case that reached OR-Tools with domains past int64 (the whole model and the device
+    relaxation): compile answers, at worst with a warning."""
+    tib, gib = 2**40, 2**30
+    f = (7.3e-06, 2e-06, 2e-06, 1e-06, 1e-06, 7.3e-06)
+    problem = _problem(3, 2, _I, 4, f, (7.3e-06, 2e-06, 2e-06, 2e-06, 5e-07, 1.46e-05),
+                       (7.3e-07, 2e-07, 2e-07, 3e-06, 1e-07, 2.19e-05), (100, 1, tib, gib, gib, 100),
+                       (50, 0, tib // 2, 0, gib, 100), 4406636446500, Offload(True, 1000.0, 500.0, 1))
+    compiled = compile_problem(problem, time_limit_s=2.0, workers=2)
+    assert compiled.judged.fits and compiled.lower_bound_ms <= compiled.makespan_ms + 1e-9
