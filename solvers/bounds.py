@@ -58,6 +58,7 @@ __all__ = [
     "Paths",
     "data_paths",
     "makespan_lower_bound",
+    "device_job",
     "device_jobs",
     "device_lower_bound",
     "memory_area_bound",
@@ -240,8 +241,14 @@ def _jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
 
 def device_jobs(problem: Problem, paths: Paths, device: int) -> list[tuple[float, float, float]]:
     """(release, duration, tail) of the device's j-th F, B and W of each stage in time order, for
-    schedules that fit: per stage, per j, F then B then W (device_relax.py reads them so)."""
+    schedules that fit: per stage, per j, F then B then W (``device_job`` finds one)."""
     return _jobs(problem, paths, device, True)
+
+
+def device_job(jobs: list[tuple[float, float, float]], m: int, index: int, rank: int,
+               kind: OpKind) -> tuple[float, float, float]:
+    """From ``device_jobs``: the rank-th F, B or W in time order of the device's index-th stage."""
+    return jobs[(index * m + rank) * 3 + (_F, _B, _W).index(kind)]
 
 
 def device_lower_bound(problem: Problem, device: int, paths: Paths | None = None, *, fitting: bool = False) -> float:

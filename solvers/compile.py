@@ -71,9 +71,9 @@ _RELAX_SHARE = 0.25  # of the time limit, at most, for the relaxations that rais
 # had stalled within the first seconds
 _FLOOR_SHARE = 0.75
 # of it, first and on top of it, for each device's two ends solved exactly (ends_relax.py) where
-# the relaxations above also run; elsewhere they may take it all (most devices are not solved at all: a greedy solution of
-# their ends says they cannot raise the bound). grid09 (p = 8, v = 2, m = 24): 1,747.8 to 1,792.9
-# ms in 0.5 s, where compile finds about 1,826.
+# the relaxations above also run; elsewhere they may take it all (most devices are not solved at
+# all: a greedy solution of their ends says they cannot raise the bound). grid09 (p = 8, v = 2,
+# m = 24): 1,747.8 to 1,792.9 ms in 0.5 s, where compile finds about 1,824.
 _ENDS_SHARE = 0.25
 _SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solved on a rounded grid
 # The whole model, when it fits, runs until it finds nothing better for this share of the time

@@ -66,7 +66,7 @@ from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import duration_ms, stage_ms
 from optpipe.core.units import format_size
 
-from .bounds import Bound, data_paths, device_jobs, device_lower_bound
+from .bounds import Bound, data_paths, device_job, device_jobs, device_lower_bound
 
 __all__ = ["Relaxed", "relaxation_applies", "relaxation_bound", "relaxed_device_bound"]
 
@@ -206,8 +206,8 @@ def _compute(cp: cp_model.CpModel, jobs, stages, m: int, down, horizon: int, mak
     intervals, ops = [], {}
     for index, s in enumerate(stages):
         for k in range(m):
-            for offset, kind in enumerate((_F, _B, _W)):
-                release, ms, tail = jobs[(index * m + k) * 3 + offset]
+            for kind in (_F, _B, _W):
+                release, ms, tail = device_job(jobs, m, index, k, kind)
                 d, q = down(ms), down(tail)
                 start = cp.new_int_var(min(down(release), horizon), max(0, horizon - d - q), f"{kind.name}{s}:{k}")
                 intervals.append(cp.new_fixed_size_interval_var(start, d, ""))

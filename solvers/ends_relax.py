@@ -60,7 +60,7 @@ from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import duration_ms, stage_ms
 from optpipe.core.units import format_size
 
-from .bounds import Bound, Paths, data_paths, device_jobs
+from .bounds import Bound, Paths, data_paths, device_job, device_jobs
 from .phases import PhaseIdle, phase_idle
 
 __all__ = ["EndIdle", "ends_applies", "ends_bound", "end_idle"]
@@ -211,11 +211,6 @@ def _greedy_busy(window: float, chains: dict, after: list, budget: int) -> float
             frees.append((channel, chain.frees))
 
 
-def _job(jobs, index: int, m: int, rank: int, kind: int) -> tuple[float, float, float]:
-    """device_jobs' (release, duration, tail) of the rank-th op in time order of the index-th stage's kind (0 F, 1 B)."""
-    return jobs[(index * m + rank) * 3 + kind]
-
-
 def _while_in(window: float, releases) -> tuple[float, ...]:
     """The releases of the ranks that can start in the window: a prefix, as ranks are numbered by time."""
     return tuple(itertools.takewhile(lambda release: release < window, releases))
@@ -227,10 +222,10 @@ def _warm_up(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, 
     stages = pipe.stages_on(device)
     f = stage_ms(problem, _F)
     start = min(paths.head[(_F, s)] for s in stages)
-    window = min(_job(jobs, i, m, 0, 1)[0] for i in range(len(stages))) - start
+    window = min(device_job(jobs, m, i, 0, _B)[0] for i in range(len(stages))) - start
     chains = {}
     for i, s in enumerate(stages):
-        releases = _while_in(window, (_job(jobs, i, m, j, 0)[0] - start for j in range(m)))
+        releases = _while_in(window, (device_job(jobs, m, i, j, _F)[0] - start for j in range(m)))
         offload = duration_ms(problem, Op(_OFF, s, 0)) if problem.offload.enabled else None
         chains[(_F, s)] = _Chain(f[s], memory.activation[s], releases, offload, memory.activation[s])
     after = [((_F, s), (_F, t), paths.head[(_F, t)] - paths.head[(_F, s)] - f[s])
@@ -245,11 +240,11 @@ def _cool_down(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float
     pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
     stages = pipe.stages_on(device)
     b, w = stage_ms(problem, _B), stage_ms(problem, _W)
-    window = min(_job(jobs, i, m, m - 1, 0)[2] for i in range(len(stages)))
+    window = min(device_job(jobs, m, i, m - 1, _F)[2] for i in range(len(stages)))
     chains = {}
     for i, s in enumerate(stages):
         act, keep = memory.activation[s], memory.weight_activation[s]
-        tails = _while_in(window, (_job(jobs, i, m, m - 1 - k, 1)[2] for k in range(m)))
+        tails = _while_in(window, (device_job(jobs, m, i, m - 1 - k, _B)[2] for k in range(m)))
         reload = duration_ms(problem, Op(_REL, s, 0)) if problem.offload.enabled else None
         chains[(_B, s)] = _Chain(b[s], act - keep, tails, reload, act)
         chains[(_W, s)] = _Chain(w[s], keep, (0.0,) * min(m, math.floor(window / w[s]) + 1), None, 0)
