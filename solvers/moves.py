@@ -29,6 +29,8 @@ from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS, waits
 from optpipe.core.simulate import Timeline, simulate, try_simulate
 
+from .critical import binding as data_binding
+
 __all__ = ["Moved", "improve_by_moves", "move_score"]
 
 _EPS = TOLERANCE_MS
@@ -124,17 +126,9 @@ def _candidates(problem: Problem, schedule: Schedule, timeline: Timeline, gap, o
                     break
     # hurry: walk back along the data the op after the gap waits for, to the first op on that
     # path that its own device held back, and list that op earlier
-    by_op = timeline.by_op
     op = after
     for _ in range(2 * problem.stages + 2):
-        binding = None
-        for wait in waits(problem, op, offloaded=(op.stage, op.microbatch) in offloaded):
-            pred = wait.op
-            if pred not in by_op and pred.kind is _B:
-                pred = Op(_BW, pred.stage, pred.microbatch)
-            t = by_op.get(pred)
-            if t is not None and abs(t.end + wait.lag_ms - by_op[op].start) <= 1e-6:
-                binding = t
+        binding = data_binding(problem, timeline, op, offloaded)
         if binding is None:
             break
         if binding.op.kind is _REL:  # the op waits for its reload: keep that activation on the device

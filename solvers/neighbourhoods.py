@@ -17,8 +17,10 @@ Kinds, each a different shape of the same model:
   stage's microbatches moved together, without the model growing with every device;
 - ``device``: one device over four times as long a slice: its offload decisions and its order
   over a long microbatch range, the others re-timed;
-- ``idle``: a slice centred on one of the longest idle gaps of a device, chosen at random
-  among the longest: where the time is lost;
+- ``idle``: a slice ending just after an idle gap on the critical path (critical.py), most of
+  it before the gap: only there does idle cost time (the longest gaps are mostly on devices
+  with time to spare), and what causes it, another device running something else first,
+  happens earlier than the gap; with no such gap, one of the longest gaps, the slice centred;
 - ``microbatches``: a few consecutive microbatches over four times as long a slice, on every
   device, the other microbatches' ops there re-timed in their order: a group's forwards and
   backwards move past many others at once, which changes how many microbatches are in flight
@@ -38,10 +40,13 @@ from optpipe.core.schedule import COMPUTE_KINDS
 from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.simulate import Timeline
 
+from .critical import critical_gaps
+
 __all__ = ["Neighbourhood", "KINDS", "choose", "sweep"]
 
 _EPS = TOLERANCE_MS
 _INF = float("inf")
+_BEFORE_GAP = 0.75  # of an idle slice's ops, the share that starts before its gap
 KINDS = ("sweep", "warm-up", "cool-down", "devices", "idle", "device", "microbatches")
 
 
@@ -71,6 +76,12 @@ def _slice(starts: list[float], k: int, count: int, follow: int) -> tuple[float,
     t1 = starts[k + count] if k + count < len(starts) else _INF
     t2 = _INF if follow < 0 or k + count + follow >= len(starts) else starts[k + count + follow]
     return starts[k], t1, t2
+
+
+def _before(starts: list[float], at: float, count: int, ahead: int, follow: int) -> tuple[float, float, float]:
+    """The slice of ``count`` ops whose first ``ahead`` start before ``at``."""
+    k = next((j for j, s in enumerate(starts) if s >= at - _EPS), len(starts) - 1)
+    return _slice(starts, max(0, k - ahead), count, follow)
 
 
 def sweep(timeline: Timeline, cursor: float, count: int, follow: int) -> tuple[Neighbourhood, float]:
@@ -142,12 +153,14 @@ def choose(problem: Problem, timeline: Timeline, kind: str, size: int, follow: i
         first = rng.choice(inside[:max(1, len(inside) - width + 1)])
         return Neighbourhood(kind, t0, t1, t2, microbatches=range(first, min(first + width, problem.microbatches)))
     if kind == "idle":
+        critical = critical_gaps(problem, timeline)
+        if critical:
+            at = critical[rng.randrange(len(critical))].at
+            return Neighbourhood(kind, *_before(starts, at, count, int(_BEFORE_GAP * count), follow * count))
         gaps = sorted(_idle_gaps(timeline), reverse=True)
         if gaps:
             _, _, at = gaps[rng.randrange(min(len(gaps), 2 * P))]
-            k = max(0, next((j for j, s in enumerate(starts) if s >= at - _EPS), n - 1) - count // 2)
-            t0, t1, t2 = _slice(starts, k, count, follow * count)
-            return Neighbourhood(kind, t0, t1, t2)
+            return Neighbourhood(kind, *_before(starts, at, count, count // 2, follow * count))
     k = rng.randrange(n)
     t0, t1, t2 = _slice(starts, k, count, follow * count)
     return Neighbourhood("random", t0, t1, t2)

@@ -1,0 +1,58 @@
+"""The critical path: a chain of ops, each starting when the one before it on the path ends."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from optpipe.core.problem import Costs, Offload
+from optpipe.core.schedule import COMPUTE_KINDS
+from optpipe.core.semantics import lag_ms
+from optpipe.solvers.compare import compare
+from optpipe.solvers.critical import critical_gaps, critical_path
+
+from conftest import uniform_problem
+
+OFFLOAD = uniform_problem(4, 8, act=100, keep=50, budget=300, offload=Offload(True, 1e5, 1e5, 10**9),
+                          name="critical-offload")
+PLAIN = uniform_problem(4, 8, act=100, keep=50, budget=400, name="critical-plain")
+
+
+def _timelines(problem):
+    return [e.judged.timeline for e in compare(problem) if e.fits]
+
+
+@pytest.mark.parametrize("problem", [OFFLOAD, PLAIN], ids=lambda p: p.name)
+def test_the_path_ends_at_the_makespan_and_every_step_is_tight(problem):
+    for timeline in _timelines(problem):
+        path = critical_path(problem, timeline)
+        assert path[0].end == pytest.approx(timeline.makespan)
+        for later, earlier in zip(path, path[1:]):
+            same_device = earlier.device == later.device
+            lag = 0.0 if same_device else lag_ms(problem, earlier.op.stage, later.op.stage)
+            assert earlier.end + lag == pytest.approx(later.start, abs=1e-6), timeline.schedule_name
+
+
+@pytest.mark.parametrize("problem", [OFFLOAD, PLAIN], ids=lambda p: p.name)
+def test_gaps_are_idle_just_before_an_op_of_the_path(problem):
+    for timeline in _timelines(problem):
+        on_path = {t.op for t in critical_path(problem, timeline)}
+        compute = [t for t in timeline.timings if t.op.kind in COMPUTE_KINDS]
+        for gap in critical_gaps(problem, timeline):
+            assert gap.op in on_path and gap.length > 0
+            row = [t for t in compute if t.device == gap.device]
+            k = next(j for j, t in enumerate(row) if t.op == gap.op)
+            assert k > 0 and row[k].start - row[k - 1].end == pytest.approx(gap.length)
+
+
+def test_an_unbalanced_pipeline_is_held_by_its_busiest_device():
+    """With the last stage three times as slow, the path spends its steady state there; with
+    memory to spare every start is set by data or the device, so the path reaches back to 0."""
+    even = uniform_problem(4, 8, act=100, keep=50, budget=10**6, p2p=0.1, name="critical-unbalanced")
+    slow = (1.0, 1.0, 1.0, 3.0)
+    problem = dataclasses.replace(even, costs=Costs(slow, slow, slow, 0.1))
+    for timeline in _timelines(problem):
+        path = critical_path(problem, timeline)
+        assert path[-1].start == 0.0
+        assert len([t for t in path if t.device == 3]) >= 2 * problem.microbatches, timeline.schedule_name
