@@ -65,6 +65,7 @@ from .timegrid import Grid, choose_grid
 __all__ = ["improve", "Search", "KINDS", "search_score"]
 
 KINDS = WINDOW_KINDS + ("moves",)  # "moves": list moves judged by the simulator (moves.py)
+_CRITICAL_KINDS = ("idle", "bottleneck")  # windows placed by the critical path (neighbourhoods.py)
 _MOVES_S = 1.0  # wall time of one round of list moves
 _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
 _FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute flips after the windows
@@ -302,11 +303,13 @@ class _Context:
         return _State(schedule, timeline, search_score(timeline), self.per_device)
 
     def _kind(self, state: _State) -> str:
-        """Sweep every other window; otherwise a kind by how often it has paid (seeded)."""
+        """Sweep every other window; otherwise a kind by how often it has paid (seeded), the
+        kinds aimed at the critical path counted as having paid once already."""
         if "sweep" in self.kinds and (state.solved % 2 == 0 or len(self.kinds) == 1):
             return "sweep"  # (the caller falls back to a sweep too)
         others = [k for k in self.kinds if k != "sweep"] or ["sweep"]
-        weights = [(1 + 2 * state.gains.get(k, 0)) / (1 + state.tries.get(k, 0)) ** 0.5 for k in others]
+        weights = [(1 + 2 * (state.gains.get(k, 0) + (k in _CRITICAL_KINDS))) / (1 + state.tries.get(k, 0)) ** 0.5
+                   for k in others]
         return self.rng.choices(others, weights)[0]
 
     def _moves(self, state: _State, deadline: float) -> None:

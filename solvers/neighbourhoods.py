@@ -21,6 +21,12 @@ Kinds, each a different shape of the same model:
   it before the gap: only there does idle cost time (the longest gaps are mostly on devices
   with time to spare), and what causes it, another device running something else first,
   happens earlier than the gap; with no such gap, one of the longest gaps, the slice centred;
+- ``bottleneck``: the last ``10 x size`` ops of the device the critical path spends most ops
+  on, to the end, the others re-timed in their order: on an unbalanced pipeline that device's
+  cool-down (which W passes it keeps for the last backward chain, which activations it keeps
+  rather than waiting for their reloads) sets the makespan, and the cool-down windows, a few
+  ops on every device, are too short to change it (grid14, p = 12, v = 2: its last 50 ops
+  re-solved in 4 s take the makespan from 1,487.2 to 1,480.9 ms);
 - ``microbatches``: a few consecutive microbatches over four times as long a slice, on every
   device, the other microbatches' ops there re-timed in their order: a group's forwards and
   backwards move past many others at once, which changes how many microbatches are in flight
@@ -40,14 +46,15 @@ from optpipe.core.schedule import COMPUTE_KINDS
 from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.simulate import Timeline
 
-from .critical import critical_gaps
+from .critical import critical_gaps, critical_path
 
 __all__ = ["Neighbourhood", "KINDS", "choose", "sweep"]
 
 _EPS = TOLERANCE_MS
 _INF = float("inf")
+_BOTTLENECK_OPS = 10  # a bottleneck window's ops, per op of ``size``
 _BEFORE_GAP = 0.75  # of an idle slice's ops, the share that starts before its gap
-KINDS = ("sweep", "warm-up", "cool-down", "devices", "idle", "device", "microbatches")
+KINDS = ("sweep", "warm-up", "cool-down", "devices", "idle", "device", "bottleneck", "microbatches")
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,16 @@ def choose(problem: Problem, timeline: Timeline, kind: str, size: int, follow: i
         k = rng.randrange(max(1, n - span // 2))
         t0, t1, t2 = _slice(starts, k, span, follow * count)
         return Neighbourhood(kind, t0, t1, t2, frozenset(free))
+    if kind == "bottleneck":
+        counts: dict[int, int] = {}
+        for t in critical_path(problem, timeline):
+            if t.op.kind in COMPUTE_KINDS:
+                counts[t.device] = counts.get(t.device, 0) + 1
+        if counts:
+            device = max(counts, key=lambda d: (counts[d], -d))
+            own = sorted(t.start for t in timeline.timings if t.device == device and t.op.kind in COMPUTE_KINDS)
+            t0 = own[max(0, len(own) - _BOTTLENECK_OPS * size)]
+            return Neighbourhood(kind, t0, _INF, _INF, frozenset({device}))
     if kind == "microbatches":
         span = 4 * count
         k = rng.randrange(max(1, n - span // 2))
