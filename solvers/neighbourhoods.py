@@ -157,8 +157,13 @@ def choose(problem: Problem, timeline: Timeline, kind: str, size: int, follow: i
         if counts:
             device = max(counts, key=lambda d: (counts[d], -d))
             own = sorted(t.start for t in timeline.timings if t.device == device and t.op.kind in COMPUTE_KINDS)
-            t0 = own[max(0, len(own) - _BOTTLENECK_OPS * size)]
-            return Neighbourhood(kind, t0, _INF, _INF, frozenset({device}))
+            span = _BOTTLENECK_OPS * size
+            if span >= len(own) or rng.random() < 0.5:  # its cool-down
+                return Neighbourhood(kind, own[max(0, len(own) - span)], _INF, _INF, frozenset({device}))
+            k = rng.randrange(len(own) - span)
+            t0, t1 = own[k], own[k + span]
+            _, _, t2 = _before(starts, t1, 1, 0, follow * count)
+            return Neighbourhood(kind, t0, t1, t2, frozenset({device}))
     if kind == "microbatches":
         span = 4 * count
         k = rng.randrange(max(1, n - span // 2))
