@@ -11,27 +11,52 @@ from optpipe.core.schedule import COMPUTE_KINDS
 from optpipe.core.semantics import lag_ms
 from optpipe.solvers.compare import compare
 from optpipe.solvers.critical import critical_gaps, critical_path
+from optpipe.solvers.warmstart import warm_starts
 
 from conftest import uniform_problem
 
 OFFLOAD = uniform_problem(4, 8, act=100, keep=50, budget=300, offload=Offload(True, 1e5, 1e5, 10**9),
                           name="critical-offload")
 PLAIN = uniform_problem(4, 8, act=100, keep=50, budget=400, name="critical-plain")
+# a round trip of 2 ms against 1 ms ops, p2p lags, and two pairs of devices on one host link each:
+# backwards wait for reloads, and transfers for their channel or their issue point
+SLOW_LINK = uniform_problem(4, 8, v=2, act=100, keep=50, budget=500, p2p=0.1, name="critical-slow-link",
+                            offload=Offload(True, 1e5, 1e5, 10**9, link_groups=((0, 1), (2, 3))))
 
 
 def _timelines(problem):
     return [e.judged.timeline for e in compare(problem) if e.fits]
 
 
-@pytest.mark.parametrize("problem", [OFFLOAD, PLAIN], ids=lambda p: p.name)
+def _offloading_timelines(problem):
+    """Every heuristic and, so that reloads and shared channels are on the path, each one's
+    fitting offloaded variants (warmstart.py)."""
+    entries = compare(problem)
+    return [j.timeline for j in warm_starts(problem, entries) if j.fits] + _timelines(problem)
+
+
+@pytest.mark.parametrize("problem", [OFFLOAD, PLAIN, SLOW_LINK], ids=lambda p: p.name)
 def test_the_path_ends_at_the_makespan_and_every_step_is_tight(problem):
-    for timeline in _timelines(problem):
+    for timeline in _offloading_timelines(problem):
         path = critical_path(problem, timeline)
         assert path[0].end == pytest.approx(timeline.makespan)
         for later, earlier in zip(path, path[1:]):
-            same_device = earlier.device == later.device
-            lag = 0.0 if same_device else lag_ms(problem, earlier.op.stage, later.op.stage)
+            data = earlier.device != later.device and {earlier.op.kind, later.op.kind} <= COMPUTE_KINDS
+            lag = lag_ms(problem, earlier.op.stage, later.op.stage) if data else 0.0
             assert earlier.end + lag == pytest.approx(later.start, abs=1e-6), timeline.schedule_name
+
+
+@pytest.mark.parametrize("problem", [OFFLOAD, PLAIN, SLOW_LINK], ids=lambda p: p.name)
+def test_the_path_reaches_back_to_the_first_start(problem):
+    """Nothing waits for memory (the simulator starts every op as soon as its data, its device
+    or channel, and its issue point allow), so some reason is always tight and the walk only
+    stops at an op that starts with the schedule, through reloads and shared channels too."""
+    through_transfers = 0
+    for timeline in _offloading_timelines(problem):
+        path = critical_path(problem, timeline)
+        assert path[-1].start == pytest.approx(0.0, abs=1e-9), timeline.schedule_name
+        through_transfers += any(t.op.kind not in COMPUTE_KINDS for t in path)
+    assert through_transfers or not problem.offload.enabled
 
 
 @pytest.mark.parametrize("problem", [OFFLOAD, PLAIN], ids=lambda p: p.name)
