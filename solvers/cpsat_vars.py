@@ -10,7 +10,7 @@ a ``Variables`` and add to its ``cp``; none of them imports another.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, NamedTuple
 
 from ortools.sat.python import cp_model
@@ -93,6 +93,7 @@ class Variables:
         self.device_of = [pipe.device_of(s) for s in range(self.S)]
         self.link = [link(problem, d) for d in range(self.P)]  # shared host links: one channel per group
         self.dur = self._durations()
+        self.scope = scope = self._within_horizon(scope)
         self.floor, self.channel_floor = self._floors()
         self.following = scope.following
         # variables
@@ -117,6 +118,16 @@ class Variables:
         if self.problem.recompute.enabled:
             kinds += (RC,)
         return {(kind, s): self.grid.length(duration_ms(self.problem, Op(kind, s, 0))) for kind in kinds for s in range(self.S)}
+
+    def _within_horizon(self, scope: Scope) -> Scope:
+        """The scope without the open pairs whose round trip through the host is longer than the
+        horizon: no schedule the model may return offloads them, and their transfers (a terabyte
+        over a link of bytes per second, beside microsecond ops) would take OR-Tools past int64."""
+        if not scope.open_pairs:
+            return scope
+        reachable = frozenset(pair for pair in scope.open_pairs
+                              if self.dur[(OFF, pair[0])] + self.dur[(REL, pair[0])] <= self.horizon)
+        return scope if reachable == scope.open_pairs else replace(scope, open_pairs=reachable)
 
     def _floors(self) -> tuple[list[Floor | None], dict[tuple[int, OpKind], Floor]]:
         """Per device the last fixed compute op; per (link, kind) channel the last fixed transfer."""

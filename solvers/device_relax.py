@@ -247,6 +247,8 @@ def _offload(problem: Problem, cp: cp_model.CpModel, ops: dict, stages, m: int, 
     for s in stages:
         act = problem.memory.activation[s]
         length = {kind: down(duration_ms(problem, Op(kind, s, 0))) for kind in (_OFF, _REL)}
+        if length[_OFF] + length[_REL] > horizon:
+            continue  # no schedule within the horizon offloads this stage (and a round trip of years is past int64)
         resident = []  # (time, change, active): forwards ended - offloads started + reloads ended - backwards started
         previous = None  # (present, offload end, reload end) of the rank before
         for k in range(first, m):
