@@ -133,3 +133,16 @@ def test_hiding_offloads_past_the_deadline_ends_the_repair(monkeypatch):
     deadline = 10**9.0  # far off: only the placement runs out of time
     assert repair(problem, schedule, "hidden", deadline, max_step=1) is None
     assert asked and set(asked) == {deadline}
+
+
+def test_starts_after_the_first_three_are_repaired_when_time_allows():
+    # p = 4, v = 2, m = 8 at 0.85 x PO-H's peak: none of the three fastest overflowing starts
+    # repairs faster than the fitting candidates; a later one (GIS(g = 3) offloaded) does.
+    base = _problem()
+    problem = base.with_budget(int(_peak(base, "PO-H") * 0.85))
+    candidates = warm_starts(problem, compare(problem))
+    fitting = min(c.timeline.makespan for c in candidates if c.fits)
+    assert not repair_candidates(problem, candidates, more=0)
+    repaired = repair_candidates(problem, candidates)
+    assert repaired and all(c.fits for c in repaired)
+    assert repaired[0].timeline.makespan < fitting
