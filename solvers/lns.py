@@ -20,8 +20,9 @@ overlapping by half, growing by one op per device after a pass that gained nothi
 are the warm-up, the cool-down, a pair of devices that exchange data or one device over a long
 slice (the other devices re-timed in their order), a slice around a long idle gap, a few
 microbatches over a long slice (the other ops there held in their order, free ops
-between them: ``Scope.chains``), or a round of list moves (moves.py) that carry single ops,
-or chains of them along the critical path, across any distance. Kinds that pay are picked
+between them: ``Scope.chains``), a round of list moves (moves.py) that carry single ops,
+or chains of them along the critical path, across any distance, or rounds that defer every
+W on the critical path into a later idle gap of its device at once (wdefer.py). Kinds that pay are picked
 more often (seeded); a neighbourhood solved without gain is not solved again at the same
 incumbent, and a kind's retries look at larger slices. Every accepted step is simulated, fits,
 and is no worse than the incumbent.
@@ -61,12 +62,17 @@ from .neighbourhoods import Neighbourhood, choose, sweep
 from .recompute import flip_decisions
 from .result import Judged, Progress
 from .timegrid import Grid, choose_grid
+from .wdefer import defer_critical_w, pays as defer_pays
 
 __all__ = ["improve", "Search", "KINDS", "search_score"]
 
-KINDS = WINDOW_KINDS + ("moves",)  # "moves": list moves judged by the simulator (moves.py)
+# "moves": list moves judged by the simulator (moves.py); "defer": the critical path's W passes
+# deferred into later idle gaps (wdefer.py), which windows of a few ops per device rarely reach
+KINDS = WINDOW_KINDS + ("moves", "defer")
+_LIST_KINDS = ("moves", "defer")  # kinds that change the lists directly, without a CP-SAT model
 _CRITICAL_KINDS = ("idle", "bottleneck")  # windows placed by the critical path (neighbourhoods.py)
 _MOVES_S = 1.0  # wall time of one round of list moves
+_DEFER_S = 2.0  # ... and of deferring critical W passes (a round at p = 32, m = 256 takes 0.6 s)
 _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
 # A window's CP-SAT time, in multiples of ``window_limit_s``: the short slices once, the long ones
 # twice, and the bottleneck device's cool-down five times: on grid17 (p = 16, v = 2, m = 32) its
@@ -229,7 +235,8 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
 
     ``restarts``: other fitting schedules to start from. The search first spends
     ``restart_share`` of the time on each start in turn (``schedule`` first), then the rest on
-    the best it found. ``kinds``: the neighbourhoods to use (neighbourhoods.py). With
+    the best it found. ``kinds``: the neighbourhoods to use (neighbourhoods.py; the default
+    leaves out "defer" where ``wdefer.pays`` says no). With
     ``deterministic``, each window stops after ``window_limit_s`` of CP-SAT's deterministic time
     rather than wall time: with one worker, a fixed seed and ``max_windows``, the result is the
     same on every run. ``peer``: another search to trade incumbents with after the restarts
@@ -240,6 +247,8 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     began = time.monotonic()
     deadline = began + time_limit_s
     rng = random.Random(seed)
+    if tuple(kinds) == KINDS and not defer_pays(problem):  # the default set: W deferral where it pays
+        kinds = tuple(kind for kind in KINDS if kind != "defer")
     grid = choose_grid(problem)
     context = _Context(problem, grid, rng, workers, per_device, max_per_device, follow, window_limit_s,
                        tuple(kinds), deterministic, bound_ms, on_progress, began)
@@ -316,23 +325,31 @@ class _Context:
                    for k in others]
         return self.rng.choices(others, weights)[0]
 
-    def _moves(self, state: _State, deadline: float) -> None:
-        """One round of list moves (moves.py); kept when it fits and is no worse (it never is)."""
+    def _moves(self, state: _State, kind: str, deadline: float) -> None:
+        """One round of list moves (moves.py) or of W deferral (wdefer.py); kept when it fits and
+        is no worse (it never is)."""
         state.solved += 1
-        state.tries["moves"] = state.tries.get("moves", 0) + 1
-        moved = improve_by_moves(self.problem, state.schedule, deadline=deadline, rng=self.rng,
-                                 max_tries=_MOVES_TRIES if self.deterministic else None)
-        new_score = search_score(moved.timeline)
-        if moved.kept and moved.timeline.fits and new_score <= state.score:
+        state.tries[kind] = state.tries.get(kind, 0) + 1
+        if kind == "defer":
+            # deterministic: every round until none pays, whatever the clock says
+            schedule, timeline = defer_critical_w(self.problem, state.schedule, state.timeline,
+                                                  None if self.deterministic else deadline)
+            kept = timeline.makespan < state.timeline.makespan - _EPS
+        else:
+            moved = improve_by_moves(self.problem, state.schedule, deadline=deadline, rng=self.rng,
+                                     max_tries=_MOVES_TRIES if self.deterministic else None)
+            schedule, timeline, kept = moved.schedule, moved.timeline, moved.kept
+        new_score = search_score(timeline)
+        if kept and timeline.fits and new_score <= state.score:
             if new_score[0] < state.score[0] - _EPS:
                 state.improved += 1
-                state.gains["moves"] = state.gains.get("moves", 0) + 1
-            state.schedule, state.timeline, state.score = moved.schedule, moved.timeline, new_score
+                state.gains[kind] = state.gains.get(kind, 0) + 1
+            state.schedule, state.timeline, state.score = schedule, timeline, new_score
             state.gained = True
             state.tabu.clear()
         else:
-            state.tabu.add(("moves", state.score))
-        self._report(state, "list moves")
+            state.tabu.add((kind, state.score))
+        self._report(state, "list moves" if kind == "moves" else "critical W passes deferred")
 
     def _trade(self, state: _State) -> None:
         """Offer our incumbent to the other search; go on from its incumbent when that is better
@@ -357,14 +374,14 @@ class _Context:
                                       f"window search: {state.solved} neighbourhoods, {state.improved} faster; "
                                       f"last {last}, {state.last_size} ops per device"))
 
-    def _neighbourhood(self, state: _State) -> Neighbourhood | None:
-        """The next window to solve; None for a round of list moves."""
+    def _neighbourhood(self, state: _State) -> Neighbourhood | str:
+        """The next window to solve, or the name of a list kind (_LIST_KINDS) to run."""
         count = state.size * self.problem.devices
         for _ in range(4):
             kind = self._kind(state)
-            if kind == "moves":
-                if ("moves", state.score) not in state.tabu:
-                    return None
+            if kind in _LIST_KINDS:
+                if (kind, state.score) not in state.tabu:
+                    return kind
             elif kind != "sweep":
                 # each retry of a kind at the same incumbent looks at a larger slice
                 size = min(2 * self.max_per_device, state.size + 2 * state.retries.get(kind, 0))
@@ -398,8 +415,8 @@ class _Context:
             if windows is not None:
                 windows[0] -= 1
             hood = self._neighbourhood(state)
-            if hood is None:
-                self._moves(state, min(deadline, time.monotonic() + _MOVES_S))
+            if isinstance(hood, str):
+                self._moves(state, hood, min(deadline, time.monotonic() + (_DEFER_S if hood == "defer" else _MOVES_S)))
                 continue
             scope, inside = _scope(problem, state.timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices,
                                    hood.microbatches)

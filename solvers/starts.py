@@ -7,6 +7,9 @@ of the time limit, every phase named on the live line.
    offloading list schedule and the nearly fitting heuristics repaired, first.
 3. The warm-start variants (warmstart.py): W-filled, offloaded, GIS's group sizes.
 4. The fastest that still overflow, repaired (repair.py), with what is left of the repair share.
+5. From 12 devices on, the fastest that fits with the W passes on its critical path deferred
+   into later idle gaps (wdefer.py), within a share of its own: where the window search barely
+   runs (p = 32, m = 256) this is the only step that moves the start.
 
 ``starts`` (schedules compile was given: a plan compiled earlier, or for a smaller budget) join
 the candidates as they are and are repaired with the rest.
@@ -27,6 +30,7 @@ from .compare import Entry, applicable, best_fitting, compare
 from .repair import repair_candidates
 from .result import Judged, Progress, fastest_fitting
 from .warmstart import warm_starts
+from .wdefer import defer_critical_w, pays
 
 __all__ = ["MIN_STEP_S", "build_starts", "early_starts", "tight"]
 
@@ -46,6 +50,11 @@ _REPAIR_AFTER = 0.4  # so at least this much of the time limit after the warm st
 _EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.5  # repair the plain heuristics first for this much of the limit when
 # the fastest fitting one is this much slower than the fastest (tight budgets; tight)
 MIN_STEP_S = 0.05  # a repair round takes longer than this on the smallest problems
+# Of the time limit, at most, for deferring the fastest start's critical W passes (wdefer.py; it
+# stops by itself once no round pays): on the 60 s schedules of grid20 (p = 24, m = 48) it takes
+# 7.5 s from 5,437.2 ms to 5,327.4, and of grid24 (p = 32, m = 256, 0.6 s a round) 26.5 s from
+# 27,381.2 to 26,897.3
+_DEFER_SHARE = 0.25
 
 
 def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clock: tuple[float, float],
@@ -74,7 +83,22 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         plain = {e.name for e in entries} if early is not None else set()  # repaired already
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
                                         deadline=repair_until)
+    fastest = fastest_fitting(candidates)
+    if fastest is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
+        phase("deferring the W passes on the critical path", fastest)
+        deferred = _deferred(problem, fastest, min(end, time.monotonic() + _DEFER_SHARE * time_limit_s))
+        if deferred is not None:
+            candidates.append(deferred)
     return entries, candidates
+
+
+def _deferred(problem: Problem, start: Judged, deadline: float) -> Judged | None:
+    """``start`` with its critical W passes deferred (wdefer.py), when that is faster."""
+    schedule, timeline = defer_critical_w(problem, start.schedule, start.timeline, deadline)
+    if timeline.makespan >= start.timeline.makespan:
+        return None
+    name = f"{start.name}+W-deferred"
+    return Judged(name, schedule.renamed(name), timeline)
 
 
 def _heuristics_line(report: Callable[[Progress], None], bound: Bound,

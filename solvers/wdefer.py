@@ -1,0 +1,197 @@
+"""Defer the W passes that set the makespan: the zero-bubble move, aimed by the critical path.
+
+On an unbalanced pipeline neighbouring devices take turns being the bottleneck. In grid24's
+best start (p = 32, v = 2, m = 256, PO-H repaired) the critical path runs 48 ops on device 6
+(its chunk-1 phase: B, W, F of stage 38, no idle), then 47 on device 7 (its chunk-0 phase:
+stage 7, the heaviest), and so on for all 16 groups; meanwhile device 6 waits 6.2 ms before
+each B of its chunk-0 phase for device 7, and device 7 waits 10 ms before each F of its
+chunk-1 phase for device 6. A W is on no other op's data path, so a W in such a stretch of
+the path delays the device's next op for no reason but its place in the list. Moving it past
+the stretch, into the device's next idle gap, shortens the path by the W's length wherever
+the gap absorbs it.
+
+One W per stretch is moved for every stretch of the path at once, and the simulator judges the
+whole round (kept when faster and fitting). At p = 32, m = 256 a simulation takes about 0.4 s,
+so moves judged one at a time (moves.py) never get through the hundreds a schedule needs; a
+round of all stretches takes one. When a round is not faster, the next of ``ROUNDS`` is tried
+(the last W of each stretch to the end of the device's list where the device ends early, half
+the stretches, Ws pulled back into earlier gaps where a stretch ends a device's list, ...); the
+pass ends when none is, or at the deadline. A round that is faster but overflows is tried
+again without the devices that overflow. Greedy, so the result depends on the order: on
+grid20's 60 s schedule (p = 24, m = 48) this order gives 5,437.2 to 5,327.4 ms in 9 s, and an
+earlier one 5,303.5 in 25 s (bound 5,098.3); grid22's (p = 32, m = 64) 4,314.4 to 4,241.2 in 42 s
+(bound 3,972.1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from optpipe.core.problem import Problem
+from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.semantics import TOLERANCE_MS
+from optpipe.core.simulate import OpTiming, Timeline, try_simulate
+
+from .critical import critical_path
+
+__all__ = ["Round", "ROUNDS", "defer_critical_w", "deferred", "pays"]
+
+_W = OpKind.W
+_EPS = TOLERANCE_MS
+_RETRIES = 3  # a round tried again without the devices that overflowed, at most this often
+# From this many devices on compile uses the pass. Below, the window search reaches these moves
+# itself, and at 60 s a deferred start or the search's "defer" rounds left grid04 (p = 6) at 2.4%
+# and 3.5% above its bound, against 1.5% and 1.6% without, and grid08 (p = 8) at 2.9% and 3.6%,
+# against 0.3% and 1.7% (one run each; noisy rows, docs/design.md); at p = 12 they took grid14
+# from 4.5% to 2.2% and 3.2% in two grid runs.
+_FROM_DEVICES = 12
+
+
+@dataclass(frozen=True)
+class Round:
+    """Which Ws of each stretch of the critical path move, and to which gaps."""
+
+    last: bool = True  # the stretch's last Ws (else its first)
+    per_stretch: int = 1  # how many Ws of each stretch
+    min_gap_ms: float = 2.0  # a target gap is longer than this
+    stretches: str = "all"  # "all", "odd" or "even" (every other one), "top" (the device with most path ops)
+    where: str = "later"  # "later" idle gaps, the "tail" of the list, or "earlier" gaps (``deferred``)
+
+
+# In the order they are tried, those that paid most often first: on grid20 and grid22 (p = 24 and
+# 32, m = 2p), the last W of each stretch to a later gap, to the tail, or on some stretches only.
+ROUNDS = (Round(), Round(where="tail"), Round(stretches="top"), Round(stretches="odd"), Round(stretches="even"),
+          Round(last=False, where="earlier"), Round(where="earlier"), Round(last=False), Round(min_gap_ms=0.5),
+          Round(per_stretch=2), Round(last=False, where="tail"), Round(per_stretch=3, where="tail"),
+          Round(per_stretch=3, where="earlier"), Round(last=False, stretches="top"),
+          Round(last=False, per_stretch=2, min_gap_ms=0.5))
+
+
+def _stretches(path: list[OpTiming]) -> list[tuple[int, list[OpTiming]]]:
+    """The path in time order, cut where it changes device: (device, its ops there)."""
+    out: list[tuple[int, list[OpTiming]]] = []
+    for t in sorted(path, key=lambda t: t.start):
+        if out and out[-1][0] == t.device:
+            out[-1][1].append(t)
+        else:
+            out.append((t.device, [t]))
+    return out
+
+
+def _chosen(stretches: list[tuple[int, list[OpTiming]]], rule: Round) -> list[tuple[int, list[OpTiming]]]:
+    if rule.stretches in ("odd", "even"):
+        return [s for n, s in enumerate(stretches) if n % 2 == (rule.stretches == "odd")]
+    if rule.stretches == "top" and stretches:
+        counts: dict[int, int] = {}
+        for device, ops in stretches:
+            counts[device] = counts.get(device, 0) + len(ops)
+        top = max(counts, key=lambda d: (counts[d], -d))
+        return [s for s in stretches if s[0] == top]
+    return stretches
+
+
+def deferred(problem: Problem, schedule: Schedule, timeline: Timeline, rule: Round,
+             skip: frozenset[int] = frozenset()) -> Schedule | None:
+    """``schedule`` with the Ws ``rule`` picks moved to other idle time of their devices; None
+    when nothing moves. "later": each W goes just before the first compute op (not a W) that
+    starts after its stretch ends and after an idle gap longer than ``rule.min_gap_ms``, one W
+    per gap; "tail": to the end of the list, while the device still ends before the makespan;
+    "earlier": just after the latest such gap before the stretch that opens after the W's B
+    ended. The devices in ``skip`` keep their lists."""
+    lists = [list(ops) for ops in schedule.devices]
+    compute = [sorted((t for t in timeline.timings if t.device == d and t.op.kind in COMPUTE_KINDS),
+                      key=lambda t: t.start) for d in range(problem.devices)]
+    by_op = timeline.by_op
+    slack = [timeline.makespan - (row[-1].end if row else 0.0) for row in compute]
+    moved = 0
+    for device, ops in _chosen(_stretches(critical_path(problem, timeline)), rule):
+        ws = [t.op for t in ops if t.op.kind is _W]
+        ws = ws[-rule.per_stretch:] if rule.last else ws[:rule.per_stretch]
+        if device in skip or not ws:
+            continue
+        row = lists[device]
+        if rule.where == "tail":
+            for w in ws:
+                took = by_op[w].end - by_op[w].start
+                if took < slack[device] - _EPS:
+                    slack[device] -= took
+                    row.remove(w)
+                    row.append(w)
+                    moved += 1
+            continue
+        gaps = _gaps(compute[device], rule.min_gap_ms, set(ws))
+        if rule.where == "earlier":
+            first = min(t.start for t in ops)
+            for w in ws:
+                ready = by_op[Op(OpKind.B, w.stage, w.microbatch)].end
+                target = next((op for opened, op in reversed(gaps) if ready - _EPS <= opened and by_op[op].start <= first),
+                              None)
+                if target is not None:
+                    gaps = [(opened, op) for opened, op in gaps if op != target]
+                    row.remove(w)
+                    row.insert(row.index(target), w)
+                    moved += 1
+            continue
+        end = max(t.end for t in ops)
+        targets = [op for _, op in gaps if by_op[op].start >= end - _EPS][:len(ws)]
+        for w, target in zip(ws, targets):
+            row.remove(w)
+            row.insert(row.index(target), w)
+            moved += 1
+    return Schedule.of(schedule.name, lists) if moved else None
+
+
+def _gaps(row: list[OpTiming], min_gap_ms: float, moving: set[Op]) -> list[tuple[float, Op]]:
+    """(when the gap opens, the compute op after it) for the device's idle gaps longer than
+    ``min_gap_ms`` before an op that is neither a W nor one of ``moving``, in time order."""
+    out, previous = [], None
+    for t in row:
+        if previous is not None and t.start - previous > min_gap_ms and t.op.kind is not _W and t.op not in moving:
+            out.append((previous, t.op))
+        previous = t.end if previous is None else max(previous, t.end)
+    return out
+
+
+def pays(problem: Problem) -> bool:
+    """Whether compile defers critical W passes on this problem (_FROM_DEVICES)."""
+    return problem.devices >= _FROM_DEVICES
+
+
+def defer_critical_w(problem: Problem, schedule: Schedule, timeline: Timeline,
+                     deadline: float | None = None) -> tuple[Schedule, Timeline]:
+    """Rounds of ``deferred`` until none is faster (or the deadline): a fitting schedule no
+    slower than ``schedule``, which must fit (one that does not is returned as it is)."""
+    if not timeline.fits:
+        return schedule, timeline
+    while deadline is None or time.monotonic() < deadline:
+        for rule in ROUNDS:
+            if deadline is not None and time.monotonic() >= deadline:
+                return schedule, timeline
+            found = _round(problem, schedule, timeline, rule)
+            if found is not None:
+                schedule, timeline = found
+                break
+        else:
+            return schedule, timeline
+    return schedule, timeline
+
+
+def _round(problem: Problem, schedule: Schedule, timeline: Timeline, rule: Round) -> tuple[Schedule, Timeline] | None:
+    """One round by ``rule``, kept when faster and fitting. A round that is faster but overflows
+    is tried again without the moves of the devices that overflow: on grid20 (p = 24) every round
+    overflowed the last device, whose W passes hold the last stage's weight parts, once the pass
+    reached 5,384.1 ms; with the retries it went on to 5,303.5."""
+    budget, skip = problem.memory.budget, frozenset()
+    for _ in range(_RETRIES):
+        candidate = deferred(problem, schedule, timeline, rule, skip)
+        moved = try_simulate(problem, candidate) if candidate is not None else None
+        if moved is None or moved.makespan >= timeline.makespan - _EPS:
+            return None
+        if moved.fits:
+            return candidate, moved
+        over = frozenset(d for d, peak in enumerate(moved.peak_memory) if peak > budget)
+        if not over - skip or not moved.fits_host:
+            return None
+        skip |= over
+    return None
