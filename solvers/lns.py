@@ -21,9 +21,9 @@ are the warm-up, the cool-down, a pair of devices that exchange data or one devi
 slice (the other devices re-timed in their order), a slice around a long idle gap, a few
 microbatches over a long slice (the other ops there held in their order, free ops
 between them: ``Scope.chains``), a round of list moves (moves.py) that carry single ops,
-or chains of them along the critical path, across any distance, or rounds that defer every
-W on the critical path into a later idle gap of its device at once (wdefer.py). Kinds that pay are picked
-more often (seeded); a neighbourhood solved without gain is not solved again at the same
+or chains of them along the critical path, across any distance, or rounds that move a W out
+of every stretch of the critical path at once (wdefer.py). Kinds that pay are picked more
+often (seeded); a neighbourhood solved without gain is not solved again at the same
 incumbent, and a kind's retries look at larger slices. Every accepted step is simulated, fits,
 and is no worse than the incumbent.
 

@@ -31,7 +31,7 @@ from optpipe.core.simulate import Timeline, simulate, try_simulate
 
 from .critical import binding as data_binding
 
-__all__ = ["Moved", "improve_by_moves", "move_score"]
+__all__ = ["Moved", "idle_gaps", "improve_by_moves", "move_score"]
 
 _EPS = TOLERANCE_MS
 _F, _B, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
@@ -56,8 +56,9 @@ def move_score(timeline: Timeline) -> tuple[float, float, float]:
     return (round(timeline.makespan, 6), round(sum(ends), 6), round(total, 6))
 
 
-def _gaps(timeline: Timeline) -> list[tuple[float, int, Op, float]]:
-    """(length, device, the compute op after the gap, the gap's start)."""
+def idle_gaps(timeline: Timeline) -> list[tuple[float, int, Op, float]]:
+    """Every idle gap of a device: (length, device, the compute op after the gap, the gap's start),
+    each device's in time order."""
     last: dict[int, float] = {}
     out = []
     for t in timeline.timings:
@@ -159,7 +160,7 @@ def _targets(timeline: Timeline, rng: random.Random) -> list[tuple[float, int, O
     for t in timeline.timings:
         if t.op.kind in COMPUTE_KINDS:
             ends[t.device] = max(ends.get(t.device, 0.0), t.end)
-    gaps = _gaps(timeline)
+    gaps = idle_gaps(timeline)
     critical = sorted((g for g in gaps if ends[g[1]] >= timeline.makespan - 1e-6), key=lambda g: -g[3])
     others = sorted((g for g in gaps if ends[g[1]] < timeline.makespan - 1e-6), key=lambda g: -g[0])
     tail = others[1:]

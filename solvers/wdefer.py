@@ -34,6 +34,7 @@ from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.simulate import OpTiming, Timeline, try_simulate
 
 from .critical import critical_path
+from .moves import idle_gaps
 
 __all__ = ["Round", "ROUNDS", "defer_critical_w", "deferred", "pays"]
 
@@ -68,89 +69,98 @@ ROUNDS = (Round(), Round(where="tail"), Round(stretches="top"), Round(stretches=
           Round(last=False, per_stretch=2, min_gap_ms=0.5))
 
 
-def _stretches(path: list[OpTiming]) -> list[tuple[int, list[OpTiming]]]:
-    """The path in time order, cut where it changes device: (device, its ops there)."""
-    out: list[tuple[int, list[OpTiming]]] = []
-    for t in sorted(path, key=lambda t: t.start):
-        if out and out[-1][0] == t.device:
-            out[-1][1].append(t)
-        else:
-            out.append((t.device, [t]))
-    return out
+@dataclass(frozen=True)
+class _Path:
+    """What every round reads from one timeline: the critical path cut where it changes device,
+    (device, its ops there) in time order; each device's idle gaps, (when it opens, the compute op
+    after it) in time order; and how long before the makespan each device ends."""
 
+    stretches: list[tuple[int, list[OpTiming]]]
+    gaps: list[list[tuple[float, Op]]]
+    slack: list[float]
 
-def _chosen(stretches: list[tuple[int, list[OpTiming]]], rule: Round) -> list[tuple[int, list[OpTiming]]]:
-    if rule.stretches in ("odd", "even"):
-        return [s for n, s in enumerate(stretches) if n % 2 == (rule.stretches == "odd")]
-    if rule.stretches == "top" and stretches:
-        counts: dict[int, int] = {}
-        for device, ops in stretches:
-            counts[device] = counts.get(device, 0) + len(ops)
-        top = max(counts, key=lambda d: (counts[d], -d))
-        return [s for s in stretches if s[0] == top]
-    return stretches
+    @classmethod
+    def of(cls, problem: Problem, timeline: Timeline) -> _Path:
+        stretches: list[tuple[int, list[OpTiming]]] = []
+        for t in sorted(critical_path(problem, timeline), key=lambda t: t.start):
+            if stretches and stretches[-1][0] == t.device:
+                stretches[-1][1].append(t)
+            else:
+                stretches.append((t.device, [t]))
+        gaps: list[list[tuple[float, Op]]] = [[] for _ in range(problem.devices)]
+        for _, device, op, opened in idle_gaps(timeline):
+            gaps[device].append((opened, op))
+        ends = [0.0] * problem.devices
+        for t in timeline.timings:
+            if t.op.kind in COMPUTE_KINDS:
+                ends[t.device] = max(ends[t.device], t.end)
+        return cls(stretches, gaps, [timeline.makespan - end for end in ends])
+
+    def chosen(self, rule: Round) -> list[tuple[int, list[OpTiming]]]:
+        """The stretches ``rule`` moves Ws out of."""
+        if rule.stretches in ("odd", "even"):
+            return [s for n, s in enumerate(self.stretches) if n % 2 == (rule.stretches == "odd")]
+        if rule.stretches == "top" and self.stretches:
+            counts: dict[int, int] = {}
+            for device, ops in self.stretches:
+                counts[device] = counts.get(device, 0) + len(ops)
+            top = max(counts, key=lambda d: (counts[d], -d))
+            return [s for s in self.stretches if s[0] == top]
+        return self.stretches
 
 
 def deferred(problem: Problem, schedule: Schedule, timeline: Timeline, rule: Round,
-             skip: frozenset[int] = frozenset()) -> Schedule | None:
+             skip: frozenset[int] = frozenset(), path: _Path | None = None) -> Schedule | None:
     """``schedule`` with the Ws ``rule`` picks moved to other idle time of their devices; None
     when nothing moves. "later": each W goes just before the first compute op (not a W) that
     starts after its stretch ends and after an idle gap longer than ``rule.min_gap_ms``, one W
     per gap; "tail": to the end of the list, while the device still ends before the makespan;
     "earlier": just after the latest such gap before the stretch that opens after the W's B
-    ended. The devices in ``skip`` keep their lists."""
+    ended. The devices in ``skip`` keep their lists; ``path``: ``_Path.of(problem, timeline)``."""
+    path = path or _Path.of(problem, timeline)
     lists = [list(ops) for ops in schedule.devices]
-    compute = [sorted((t for t in timeline.timings if t.device == d and t.op.kind in COMPUTE_KINDS),
-                      key=lambda t: t.start) for d in range(problem.devices)]
-    by_op = timeline.by_op
-    slack = [timeline.makespan - (row[-1].end if row else 0.0) for row in compute]
+    slack = list(path.slack)
     moved = 0
-    for device, ops in _chosen(_stretches(critical_path(problem, timeline)), rule):
+    for device, ops in path.chosen(rule):
         ws = [t.op for t in ops if t.op.kind is _W]
         ws = ws[-rule.per_stretch:] if rule.last else ws[:rule.per_stretch]
         if device in skip or not ws:
             continue
         row = lists[device]
-        if rule.where == "tail":
-            for w in ws:
-                took = by_op[w].end - by_op[w].start
-                if took < slack[device] - _EPS:
-                    slack[device] -= took
-                    row.remove(w)
-                    row.append(w)
-                    moved += 1
-            continue
-        gaps = _gaps(compute[device], rule.min_gap_ms, set(ws))
-        if rule.where == "earlier":
-            first = min(t.start for t in ops)
-            for w in ws:
-                ready = by_op[Op(OpKind.B, w.stage, w.microbatch)].end
-                target = next((op for opened, op in reversed(gaps) if ready - _EPS <= opened and by_op[op].start <= first),
-                              None)
-                if target is not None:
-                    gaps = [(opened, op) for opened, op in gaps if op != target]
-                    row.remove(w)
-                    row.insert(row.index(target), w)
-                    moved += 1
-            continue
-        end = max(t.end for t in ops)
-        targets = [op for _, op in gaps if by_op[op].start >= end - _EPS][:len(ws)]
-        for w, target in zip(ws, targets):
+        for w, before in _targets(timeline, rule, ws, ops, path.gaps[device], slack, device):
             row.remove(w)
-            row.insert(row.index(target), w)
+            row.insert(len(row) if before is None else row.index(before), w)
             moved += 1
     return Schedule.of(schedule.name, lists) if moved else None
 
 
-def _gaps(row: list[OpTiming], min_gap_ms: float, moving: set[Op]) -> list[tuple[float, Op]]:
-    """(when the gap opens, the compute op after it) for the device's idle gaps longer than
-    ``min_gap_ms`` before an op that is neither a W nor one of ``moving``, in time order."""
-    out, previous = [], None
-    for t in row:
-        if previous is not None and t.start - previous > min_gap_ms and t.op.kind is not _W and t.op not in moving:
-            out.append((previous, t.op))
-        previous = t.end if previous is None else max(previous, t.end)
-    return out
+def _targets(timeline: Timeline, rule: Round, ws: list[Op], stretch: list[OpTiming],
+             gaps: list[tuple[float, Op]], slack: list[float], device: int) -> list[tuple[Op, Op | None]]:
+    """(W, the op to list it before; None: the end of the list) for the Ws of one stretch, each
+    to its own gap (``deferred`` says which); ``slack`` is spent as Ws go to the tail."""
+    by_op = timeline.by_op
+    if rule.where == "tail":
+        out = []
+        for w in ws:
+            took = by_op[w].end - by_op[w].start
+            if took < slack[device] - _EPS:
+                slack[device] -= took
+                out.append((w, None))
+        return out
+    open_gaps = [(opened, op) for opened, op in gaps
+                 if by_op[op].start - opened > rule.min_gap_ms and op.kind is not _W and op not in ws]
+    if rule.where == "earlier":
+        first, out = min(t.start for t in stretch), []
+        for w in ws:
+            ready = by_op[Op(OpKind.B, w.stage, w.microbatch)].end
+            before = next((op for opened, op in reversed(open_gaps)
+                           if ready - _EPS <= opened and by_op[op].start <= first), None)
+            if before is not None:
+                open_gaps = [(opened, op) for opened, op in open_gaps if op != before]
+                out.append((w, before))
+        return out
+    end = max(t.end for t in stretch)
+    return list(zip(ws, [op for _, op in open_gaps if by_op[op].start >= end - _EPS]))
 
 
 def pays(problem: Problem) -> bool:
@@ -165,10 +175,11 @@ def defer_critical_w(problem: Problem, schedule: Schedule, timeline: Timeline,
     if not timeline.fits:
         return schedule, timeline
     while deadline is None or time.monotonic() < deadline:
+        path = _Path.of(problem, timeline)  # what every rule reads, once a timeline
         for rule in ROUNDS:
             if deadline is not None and time.monotonic() >= deadline:
                 return schedule, timeline
-            found = _round(problem, schedule, timeline, rule)
+            found = _round(problem, schedule, timeline, rule, path)
             if found is not None:
                 schedule, timeline = found
                 break
@@ -177,14 +188,15 @@ def defer_critical_w(problem: Problem, schedule: Schedule, timeline: Timeline,
     return schedule, timeline
 
 
-def _round(problem: Problem, schedule: Schedule, timeline: Timeline, rule: Round) -> tuple[Schedule, Timeline] | None:
+def _round(problem: Problem, schedule: Schedule, timeline: Timeline, rule: Round,
+           path: _Path) -> tuple[Schedule, Timeline] | None:
     """One round by ``rule``, kept when faster and fitting. A round that is faster but overflows
     is tried again without the moves of the devices that overflow: on grid20 (p = 24) every round
     overflowed the last device, whose W passes hold the last stage's weight parts, once the pass
     reached 5,384.1 ms; with the retries it went on to 5,303.5."""
     budget, skip = problem.memory.budget, frozenset()
     for _ in range(_RETRIES):
-        candidate = deferred(problem, schedule, timeline, rule, skip)
+        candidate = deferred(problem, schedule, timeline, rule, skip, path)
         moved = try_simulate(problem, candidate) if candidate is not None else None
         if moved is None or moved.makespan >= timeline.makespan - _EPS:
             return None
