@@ -61,6 +61,11 @@ _EPS = TOLERANCE_MS
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
+# ... below this many devices. From 12 on the window search moves a start by well under 1% in the
+# seconds each restart gets, so a start 2% behind never catches up and its share is lost: at 60 s,
+# without restarts grid19 (p = 16, m = 64) ended at 6,933.7 and 6,934.0 ms, with them 6,936.7,
+# 6,937.6 and 6,940.2; grid14, 16, 17, 20 and 22 moved by under 0.1% either way.
+_RESTART_DEVICES = 12
 # With both offload and recompute, each pure strategy is solved before the mix (issue 14) for at
 # most this share of the time left, and stops once this share passes with nothing better (at least
 # _MIN_STALL_S): on the recompute benchmark each reaches its 20 s answer in 2 to 5 s.
@@ -334,7 +339,7 @@ def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: floa
         left = time_limit_s - (time.monotonic() - began)
         search_with = improve_in_parallel if parallel_applies(problem, left, workers or 1) else improve
         search = search_with(problem, start.schedule, time_limit_s=left, seed=seed, workers=workers,
-                             on_progress=on_progress, bound_ms=bound.value, restarts=_restarts(start, candidates))
+                             on_progress=on_progress, bound_ms=bound.value, restarts=_restarts(problem, start, candidates))
         return SolveResult("cpsat", SolveStatus.FEASIBLE, search.best.schedule.renamed("cpsat"), search.best.timeline,
                            search.best.makespan_ms, lower, time.monotonic() - began, resolution)
     backend = solver.split("-", 1)[1]
@@ -409,9 +414,12 @@ def _mixed_hint(problem: Problem, candidates: list[Judged], start: Judged, end: 
     return fastest_fitting(mixed) or start
 
 
-def _restarts(start: Judged, candidates: list[Judged]) -> list[Schedule]:
+def _restarts(problem: Problem, start: Judged, candidates: list[Judged]) -> list[Schedule]:
     """Other fitting warm starts close to the best (within _RESTART_WITHIN), from other heuristics,
-    fastest first: the window search spends a share of its time on each (lns.py)."""
+    fastest first: the window search spends a share of its time on each (lns.py); none from
+    _RESTART_DEVICES devices on."""
+    if problem.devices >= _RESTART_DEVICES:
+        return []
     seen, out = {start.name.split("+")[0]}, []
     for c in sorted((c for c in candidates if c.fits), key=lambda c: c.timeline.makespan):
         family = c.name.split("+")[0]
