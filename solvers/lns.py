@@ -79,6 +79,18 @@ _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
 # 60-op windows solved in 4 s moved 4,045.4 ms to 4,043.6 in 60 s, in 20 s to 4,021.1.
 _LIMIT_FACTOR = {"sweep": 1, "idle": 1, "random": 1, "bottleneck": 5}
 _FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute flips after the windows
+# The deep warm-up (``deep_warm_up``): the first _DEEP_SIZE x 2 compute ops of every device in one
+# window, _DEEP_WINDOW_S of CP-SAT time each, growing by two ops a device (to _DEEP_MAX_SIZE x 2)
+# while one gains nothing. Below 12 devices the gap to the bound sits in the warm-up, and the usual
+# windows (8 ops a device, 4 s) cannot reorder a whole fill: from compile's 60 s answers, one such
+# window with one worker took grid04 (p = 6, v = 2, m = 12) from 814.2 ms to 797.9 in 13.6 s, and
+# grid02 (p = 4, v = 3, m = 12) from 1,078.5 to 1,073.6 within 30 s (bounds 794.1 and 1,056.3).
+# At most _DEEP_SHARE of the search's time goes to them: where they find nothing the usual windows
+# still get the rest. With one chunk per device the fill is a plain staircase that the usual windows
+# get right, and there the deep windows cost: grid08 (p = 8, v = 1) ended 7.5% above its bound with
+# them at every new incumbent, 0.3 to 2.5% without.
+_DEEP_SIZE, _DEEP_MAX_SIZE, _DEEP_WINDOW_S, _DEEP_SHARE = 8, 16, 10.0, 0.5
+_DEEP_BELOW_DEVICES = 12
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 _EPS = TOLERANCE_MS
@@ -222,6 +234,7 @@ class _State:
     tabu: set = field(default_factory=set)  # neighbourhoods solved without gain at the current score
     retries: dict[str, int] = field(default_factory=dict)  # per kind, tries since the last gain
     last_size: int = 0  # ops per device of the last neighbourhood
+    deep_size: int = _DEEP_SIZE  # the deep warm-up's size (``deep_warm_up``)
 
 
 def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: int = 0,
@@ -229,7 +242,7 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
             window_limit_s: float = 2.0, on_progress: Callable[[Progress], None] | None = None,
             bound_ms: float | None = None, restarts: Sequence[Schedule] = (), restart_share: float = 0.4,
             kinds: Sequence[str] = KINDS, max_windows: int | None = None,
-            deterministic: bool = False, peer: Peer | None = None) -> Search:
+            deterministic: bool = False, peer: Peer | None = None, deep_warm_up: bool = False) -> Search:
     """Improve a fitting schedule neighbourhood by neighbourhood until the time limit (or
     ``bound_ms``, or ``max_windows``); never worse than ``schedule``, and always fitting.
 
@@ -240,7 +253,9 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     ``deterministic``, each window stops after ``window_limit_s`` of CP-SAT's deterministic time
     rather than wall time: with one worker, a fixed seed and ``max_windows``, the result is the
     same on every run. ``peer``: another search to trade incumbents with after the restarts
-    (exchange.py, portfolio.py).
+    (exchange.py, portfolio.py). ``deep_warm_up``: below 12 devices, solve the whole warm-up in
+    long windows before anything else (after the restarts), again at every new incumbent
+    (``deep_applies``; the portfolio gives it to its second search).
     """
     if schedule.recomputed:  # window models place no RECOMPUTE (issue 14): the choices are searched by flips
         return _flips(problem, schedule, time.monotonic() + time_limit_s, random.Random(seed))
@@ -271,6 +286,8 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
         best = context.state(schedule, first)
     flips_from = deadline - _FLIP_SHARE * time_limit_s if problem.recompute.enabled and max_windows is None else deadline
     context.peer = peer
+    # after the restarts: a deep window outlasts a restart's share
+    context.deep, context.deep_from = deep_warm_up and deep_applies(problem), time.monotonic()
     best = context.search(best, flips_from, windows)
     if peer is not None:
         peer.flush()
@@ -281,6 +298,13 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
         return Search(flipped.best, best.solved + flipped.windows,
                       best.improved + flipped.improvements)
     return Search(_judged(best.schedule, best.timeline), best.solved, best.improved)
+
+
+def deep_applies(problem: Problem) -> bool:
+    """Whether the deep warm-up windows are used: below _DEEP_BELOW_DEVICES (from 12 on one such
+    window holds hundreds of ops, and W deferral, wdefer.py, works there instead), with two or
+    more chunks per device (_DEEP_SHARE says why)."""
+    return problem.devices < _DEEP_BELOW_DEVICES and problem.pipeline.chunks_per_device >= 2
 
 
 def _flips(problem: Problem, schedule: Schedule, deadline: float, rng: random.Random) -> Search:
@@ -310,6 +334,9 @@ class _Context:
     bound_ms: float | None
     on_progress: Callable[[Progress], None] | None
     began: float
+    deep: bool = False  # deep warm-up windows first (``improve``'s ``deep_warm_up``)
+    deep_from: float = 0.0  # when they began
+    deep_s: float = 0.0  # CP-SAT time spent on them
     peer: Peer | None = None
 
     def state(self, schedule: Schedule, timeline: Timeline) -> _State:
@@ -377,6 +404,14 @@ class _Context:
     def _neighbourhood(self, state: _State) -> Neighbourhood | str:
         """The next window to solve, or the name of a list kind (_LIST_KINDS) to run."""
         count = state.size * self.problem.devices
+        deep_turn = self.deep_s <= _DEEP_SHARE * (time.monotonic() - self.deep_from)
+        while self.deep and deep_turn and state.deep_size <= _DEEP_MAX_SIZE:
+            hood = replace(choose(self.problem, state.timeline, "warm-up", state.deep_size, self.follow, self.rng),
+                           kind="deep warm-up")
+            if (hood, state.deep_size) not in state.tabu:
+                state.last_size = state.deep_size
+                return hood
+            state.deep_size += 1  # solved without gain at this incumbent: a larger one
         for _ in range(4):
             kind = self._kind(state)
             if kind in _LIST_KINDS:
@@ -426,7 +461,7 @@ class _Context:
                 continue
             model = Model(problem, grid, scope, grid.up(state.timeline.makespan) + 1)
             model.hint(inside, scope.offloaded | (scope.open_pairs & _offloaded(state.timeline)))
-            limit = self.window_limit_s * _LIMIT_FACTOR.get(hood.kind, 2)
+            limit = _DEEP_WINDOW_S if hood.kind == "deep warm-up" else self.window_limit_s * _LIMIT_FACTOR.get(hood.kind, 2)
             left = deadline - time.monotonic() - overhead
             if left <= 0.05:
                 break
@@ -435,6 +470,8 @@ class _Context:
                                        seed=self.rng.randrange(1 << 30), workers=self.workers, light_presolve=True,
                                        deterministic_s=limit if self.deterministic else None)
             solve_s = time.monotonic() - solved_at
+            if hood.kind == "deep warm-up":
+                self.deep_s += solve_s
             gained = False
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 candidate = _splice(problem, state.timeline, scope, frozenset(model.start), model.values(solver),

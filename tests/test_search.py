@@ -49,6 +49,42 @@ def test_restarts_never_worse_than_the_first_start():
     assert search.best.makespan_ms <= min(e.timeline.makespan for e in starts[:3]) + 1e-9
 
 
+def test_compile_restarts_from_other_families_only_on_small_pipelines():
+    from optpipe.solvers.compile import _RESTART_DEVICES, _restarts
+    from optpipe.solvers.result import Judged
+
+    ahead = list(reversed(_fitting(PLAIN)))[0]  # the fastest
+    other = Judged("Other+W(1)", ahead.schedule.renamed("Other+W(1)"), ahead.timeline)  # another family, as fast
+    assert _restarts(PLAIN, ahead, [ahead, other]) == [other.schedule]
+    wide = uniform_problem(_RESTART_DEVICES, 2 * _RESTART_DEVICES, act=100, keep=50, budget=10**6, name="wide")
+    assert _restarts(wide, ahead, [ahead, other]) == []
+
+
+def test_deep_warm_up_applies_to_small_interleaved_pipelines_only():
+    from optpipe.solvers.lns import deep_applies
+
+    assert deep_applies(uniform_problem(4, 8, v=2))
+    assert not deep_applies(uniform_problem(4, 8, v=1))
+    assert not deep_applies(uniform_problem(12, 12, v=2))
+
+
+def test_deep_warm_up_windows_come_first_never_worse_and_fit(monkeypatch):
+    from optpipe.solvers import lns
+
+    monkeypatch.setattr(lns, "_DEEP_WINDOW_S", 1.0)  # the test's window: CP-SAT's deterministic seconds
+    problem = uniform_problem(4, 8, v=2, f=1.0, b=1.2, w=0.8, p2p=0.1, act=100, keep=50, budget=700,
+                              offload=Offload(True, 1e5, 1e5, 10**9), name="deep")
+    start = max((e.judged for e in compare(problem) if e.fits), key=lambda j: j.makespan_ms)
+    seen = []
+    search = improve(problem, start.schedule, time_limit_s=60.0, workers=1, seed=2, max_windows=1,
+                     deterministic=True, window_limit_s=0.5, deep_warm_up=True,
+                     on_progress=lambda progress: seen.append(progress.message))
+    assert seen and "last deep warm-up" in seen[0]
+    again = simulate(problem, search.best.schedule)
+    assert again.fits
+    assert again.makespan <= start.timeline.makespan + 1e-9
+
+
 def test_deterministic_with_a_fixed_seed_and_one_worker():
     start = _fitting(OFFLOAD)[0]
     runs = [improve(OFFLOAD, start.schedule, time_limit_s=60.0, workers=1, seed=7, max_windows=8,
