@@ -22,7 +22,8 @@ slice (the other devices re-timed in their order), a slice around a long idle ga
 microbatches over a long slice (the other ops there held in their order, free ops
 between them: ``Scope.chains``), a round of list moves (moves.py) that carry single ops,
 or chains of them along the critical path, across any distance, or rounds that move a W out
-of every stretch of the critical path at once (wdefer.py). Kinds that pay are picked more
+of every stretch of the critical path at once (wdefer.py). The portfolio's second search also
+solves the whole warm-up in long windows (``deep_warm_up``). Kinds that pay are picked more
 often (seeded); a neighbourhood solved without gain is not solved again at the same
 incumbent, and a kind's retries look at larger slices. Every accepted step is simulated, fits,
 and is no worse than the incumbent.
@@ -58,7 +59,8 @@ from .decode import schedule_from_starts
 from .exchange import Peer
 from .moves import improve_by_moves
 from .neighbourhoods import KINDS as WINDOW_KINDS
-from .neighbourhoods import Neighbourhood, choose, sweep
+from .neighbourhoods import DEEP, DEEP_MAX_SIZE, DEEP_SHARE, DEEP_SIZE, DEEP_WINDOW_S, Neighbourhood, choose, sweep
+from .neighbourhoods import deep_applies
 from .recompute import flip_decisions
 from .result import Judged, Progress
 from .timegrid import Grid, choose_grid
@@ -79,18 +81,6 @@ _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
 # 60-op windows solved in 4 s moved 4,045.4 ms to 4,043.6 in 60 s, in 20 s to 4,021.1.
 _LIMIT_FACTOR = {"sweep": 1, "idle": 1, "random": 1, "bottleneck": 5}
 _FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute flips after the windows
-# The deep warm-up (``deep_warm_up``): the first _DEEP_SIZE x 2 compute ops of every device in one
-# window, _DEEP_WINDOW_S of CP-SAT time each, growing by two ops a device (to _DEEP_MAX_SIZE x 2)
-# while one gains nothing. Below 12 devices the gap to the bound sits in the warm-up, and the usual
-# windows (8 ops a device, 4 s) cannot reorder a whole fill: from compile's 60 s answers, one such
-# window with one worker took grid04 (p = 6, v = 2, m = 12) from 814.2 ms to 797.9 in 13.6 s, and
-# grid02 (p = 4, v = 3, m = 12) from 1,078.5 to 1,073.6 within 30 s (bounds 794.1 and 1,056.3).
-# At most _DEEP_SHARE of the search's time goes to them: where they find nothing the usual windows
-# still get the rest. With one chunk per device the fill is a plain staircase that the usual windows
-# get right, and there the deep windows cost: grid08 (p = 8, v = 1) ended 7.5% above its bound with
-# them at every new incumbent, 0.3 to 2.5% without.
-_DEEP_SIZE, _DEEP_MAX_SIZE, _DEEP_WINDOW_S, _DEEP_SHARE = 8, 16, 10.0, 0.5
-_DEEP_BELOW_DEVICES = 12
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 _EPS = TOLERANCE_MS
@@ -234,7 +224,7 @@ class _State:
     tabu: set = field(default_factory=set)  # neighbourhoods solved without gain at the current score
     retries: dict[str, int] = field(default_factory=dict)  # per kind, tries since the last gain
     last_size: int = 0  # ops per device of the last neighbourhood
-    deep_size: int = _DEEP_SIZE  # the deep warm-up's size (``deep_warm_up``)
+    deep_size: int = DEEP_SIZE  # the deep warm-up's size (``deep_warm_up``)
 
 
 def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: int = 0,
@@ -253,9 +243,10 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     ``deterministic``, each window stops after ``window_limit_s`` of CP-SAT's deterministic time
     rather than wall time: with one worker, a fixed seed and ``max_windows``, the result is the
     same on every run. ``peer``: another search to trade incumbents with after the restarts
-    (exchange.py, portfolio.py). ``deep_warm_up``: below 12 devices, solve the whole warm-up in
-    long windows before anything else (after the restarts), again at every new incumbent
-    (``deep_applies``; the portfolio gives it to its second search).
+    (exchange.py, portfolio.py). ``deep_warm_up``: below 12 devices with two or more chunks per
+    device, solve the whole warm-up in long windows before anything else (after the restarts),
+    again at every new incumbent, with at most half the time (``deep_applies``; the portfolio
+    gives it to its second search).
     """
     if schedule.recomputed:  # window models place no RECOMPUTE (issue 14): the choices are searched by flips
         return _flips(problem, schedule, time.monotonic() + time_limit_s, random.Random(seed))
@@ -270,20 +261,7 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     first = simulate(problem, schedule)
     starts = [(schedule, first)] + [(s, t) for s in restarts if (t := simulate(problem, s)).fits]
     windows = [max_windows] if max_windows is not None else None
-    best: _State | None = None
-    if len(starts) > 1:
-        share = restart_share * time_limit_s / len(starts)
-        for candidate, timeline in starts:
-            state = context.search(context.state(candidate, timeline), min(deadline, time.monotonic() + share), windows)
-            if best is None or state.score < best.score:
-                best = replace(state, solved=state.solved + (best.solved if best else 0),
-                               improved=state.improved + (best.improved if best else 0))
-            else:
-                best.solved += state.solved
-                best.improved += state.improved
-        best = replace(best, tabu=set(), cursor=0.0)
-    else:
-        best = context.state(schedule, first)
+    best = context.restarts(starts, restart_share * time_limit_s / len(starts), deadline, windows)
     flips_from = deadline - _FLIP_SHARE * time_limit_s if problem.recompute.enabled and max_windows is None else deadline
     context.peer = peer
     # after the restarts: a deep window outlasts a restart's share
@@ -298,13 +276,6 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
         return Search(flipped.best, best.solved + flipped.windows,
                       best.improved + flipped.improvements)
     return Search(_judged(best.schedule, best.timeline), best.solved, best.improved)
-
-
-def deep_applies(problem: Problem) -> bool:
-    """Whether the deep warm-up windows are used: below _DEEP_BELOW_DEVICES (from 12 on one such
-    window holds hundreds of ops, and W deferral, wdefer.py, works there instead), with two or
-    more chunks per device (_DEEP_SHARE says why)."""
-    return problem.devices < _DEEP_BELOW_DEVICES and problem.pipeline.chunks_per_device >= 2
 
 
 def _flips(problem: Problem, schedule: Schedule, deadline: float, rng: random.Random) -> Search:
@@ -341,6 +312,23 @@ class _Context:
 
     def state(self, schedule: Schedule, timeline: Timeline) -> _State:
         return _State(schedule, timeline, search_score(timeline), self.per_device)
+
+    def restarts(self, starts: list[tuple[Schedule, Timeline]], share: float, deadline: float,
+                 windows: list[int] | None) -> _State:
+        """The best state after ``share`` seconds of search from each start in turn (none with
+        one start), with the windows solved from all of them counted."""
+        if len(starts) == 1:
+            return self.state(*starts[0])
+        best: _State | None = None
+        for candidate, timeline in starts:
+            state = self.search(self.state(candidate, timeline), min(deadline, time.monotonic() + share), windows)
+            if best is None or state.score < best.score:
+                best = replace(state, solved=state.solved + (best.solved if best else 0),
+                               improved=state.improved + (best.improved if best else 0))
+            else:
+                best.solved += state.solved
+                best.improved += state.improved
+        return replace(best, tabu=set(), cursor=0.0)
 
     def _kind(self, state: _State) -> str:
         """Sweep every other window; otherwise a kind by how often it has paid (seeded), the
@@ -404,10 +392,9 @@ class _Context:
     def _neighbourhood(self, state: _State) -> Neighbourhood | str:
         """The next window to solve, or the name of a list kind (_LIST_KINDS) to run."""
         count = state.size * self.problem.devices
-        deep_turn = self.deep_s <= _DEEP_SHARE * (time.monotonic() - self.deep_from)
-        while self.deep and deep_turn and state.deep_size <= _DEEP_MAX_SIZE:
-            hood = replace(choose(self.problem, state.timeline, "warm-up", state.deep_size, self.follow, self.rng),
-                           kind="deep warm-up")
+        deep_turn = self.deep_s <= DEEP_SHARE * (time.monotonic() - self.deep_from)
+        while self.deep and deep_turn and state.deep_size <= DEEP_MAX_SIZE:
+            hood = choose(self.problem, state.timeline, DEEP, state.deep_size, self.follow, self.rng)
             if (hood, state.deep_size) not in state.tabu:
                 state.last_size = state.deep_size
                 return hood
@@ -461,7 +448,7 @@ class _Context:
                 continue
             model = Model(problem, grid, scope, grid.up(state.timeline.makespan) + 1)
             model.hint(inside, scope.offloaded | (scope.open_pairs & _offloaded(state.timeline)))
-            limit = _DEEP_WINDOW_S if hood.kind == "deep warm-up" else self.window_limit_s * _LIMIT_FACTOR.get(hood.kind, 2)
+            limit = DEEP_WINDOW_S if hood.kind == DEEP else self.window_limit_s * _LIMIT_FACTOR.get(hood.kind, 2)
             left = deadline - time.monotonic() - overhead
             if left <= 0.05:
                 break
@@ -470,8 +457,7 @@ class _Context:
                                        seed=self.rng.randrange(1 << 30), workers=self.workers, light_presolve=True,
                                        deterministic_s=limit if self.deterministic else None)
             solve_s = time.monotonic() - solved_at
-            if hood.kind == "deep warm-up":
-                self.deep_s += solve_s
+            self.deep_s += solve_s if hood.kind == DEEP else 0.0
             gained = False
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 candidate = _splice(problem, state.timeline, scope, frozenset(model.start), model.values(solver),

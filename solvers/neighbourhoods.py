@@ -27,6 +27,9 @@ Kinds, each a different shape of the same model:
   rather than waiting for their reloads) sets the makespan, and the cool-down windows, a few
   ops on every device, are too short to change it (grid14, p = 12, v = 2: its last 50 ops
   re-solved in 4 s take the makespan from 1,487.2 to 1,480.9 ms);
+- ``deep warm-up`` (the portfolio's second search, ``lns.improve(deep_warm_up=True)``): the
+  warm-up's shape, ``2 x size`` ops per device from a size of DEEP_SIZE, with DEEP_WINDOW_S of
+  CP-SAT time rather than a few seconds (below the constants: why, and where it applies);
 - ``microbatches``: a few consecutive microbatches over four times as long a slice, on every
   device, the other microbatches' ops there re-timed in their order: a group's forwards and
   backwards move past many others at once, which changes how many microbatches are in flight
@@ -48,13 +51,33 @@ from optpipe.core.simulate import Timeline
 
 from .critical import critical_gaps, critical_path
 
-__all__ = ["Neighbourhood", "KINDS", "choose", "sweep"]
+__all__ = ["Neighbourhood", "KINDS", "DEEP", "choose", "deep_applies", "sweep"]
 
 _EPS = TOLERANCE_MS
 _INF = float("inf")
 _BOTTLENECK_OPS = 10  # a bottleneck window's ops, per op of ``size``
 _BEFORE_GAP = 0.75  # of an idle slice's ops, the share that starts before its gap
 KINDS = ("sweep", "warm-up", "cool-down", "devices", "idle", "device", "bottleneck", "microbatches")
+DEEP = "deep warm-up"  # not among KINDS: the search asks for it by itself (lns.py)
+# The deep warm-up: the first DEEP_SIZE x 2 compute ops of every device in one window, DEEP_WINDOW_S
+# of CP-SAT time each, growing by two ops a device (to DEEP_MAX_SIZE x 2) while one gains nothing.
+# Below 12 devices the gap to the bound sits in the warm-up, and the usual windows (8 ops a device,
+# 4 s) cannot reorder a whole fill: from compile's 60 s answers, one such window with one worker
+# took grid04 (p = 6, v = 2, m = 12) from 814.2 ms to 797.9 in 13.6 s, and grid02 (p = 4, v = 3,
+# m = 12) from 1,078.5 to 1,073.6 within 30 s (bounds 794.1 and 1,056.3). At most DEEP_SHARE of a
+# search's time goes to them: where they find nothing the usual windows still get the rest. With
+# one chunk per device the fill is a plain staircase that the usual windows get right, and there
+# the deep windows cost: grid08 (p = 8, v = 1) ended 7.5% above its bound with them at every new
+# incumbent, 0.3 to 2.5% without.
+DEEP_SIZE, DEEP_MAX_SIZE, DEEP_WINDOW_S, DEEP_SHARE = 8, 16, 10.0, 0.5
+_DEEP_BELOW_DEVICES = 12
+
+
+def deep_applies(problem: Problem) -> bool:
+    """Whether a search asked for deep warm-up windows uses them: below _DEEP_BELOW_DEVICES (from
+    12 on one such window holds hundreds of ops, and W deferral, wdefer.py, works there instead),
+    with two or more chunks per device."""
+    return problem.devices < _DEEP_BELOW_DEVICES and problem.pipeline.chunks_per_device >= 2
 
 
 @dataclass(frozen=True)
@@ -134,7 +157,7 @@ def choose(problem: Problem, timeline: Timeline, kind: str, size: int, follow: i
     starts = _starts(timeline)
     n = len(starts)
     count = size * P
-    if kind == "warm-up":
+    if kind in ("warm-up", DEEP):
         t0, t1, t2 = _slice(starts, 0, 2 * count, follow * count)
         return Neighbourhood(kind, t0, t1, t2)
     if kind == "cool-down":

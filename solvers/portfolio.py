@@ -5,8 +5,9 @@ simulating the answer, list moves. Only the CP-SAT solves use a second core, so 
 search keeps about 1.2 of them busy (grid16 at 60 s: 70 s of CPU). Here a second search, in a
 forked process with its own seed, works from the same start; each takes the other's incumbent
 when it is better, so both cores do search work all the time and the pair leaves plateaus that
-one seed sits on. The result is the better of the two, judged again here. Below 12 devices the
-second search first solves the whole warm-up in long windows (lns.py, ``deep_warm_up``).
+one seed sits on. The result is the better of the two, judged again here. Below 12 devices, with
+two or more chunks per device, the second search first solves the whole warm-up in long windows
+(lns.py, ``deep_warm_up``).
 
 Falls back to one search where fork is not available, and takes the parent's answer alone when
 the other process fails or does not answer in time: it can only add.
@@ -65,8 +66,8 @@ def improve_in_parallel(problem: Problem, schedule: Schedule, *, time_limit_s: f
     context = multiprocessing.get_context("fork")
     to_other, to_us = context.Queue(), context.Queue()
     deadline = time.monotonic() + time_limit_s
-    # the second search solves the warm-up in long windows first (lns.deep_applies), where the
-    # first one's short windows cannot reorder a whole fill
+    # the second search solves the warm-up in long windows first (neighbourhoods.deep_applies),
+    # where the first one's short windows cannot reorder a whole fill
     options = dict(seed=seed + 1, workers=max(1, workers // 2), bound_ms=bound_ms, deep_warm_up=True)
     process = context.Process(target=_other, args=(problem, schedule, tuple(restarts), options, deadline,
                                                    to_other, to_us), daemon=True)

@@ -61,7 +61,7 @@ def test_compile_restarts_from_other_families_only_on_small_pipelines():
 
 
 def test_deep_warm_up_applies_to_small_interleaved_pipelines_only():
-    from optpipe.solvers.lns import deep_applies
+    from optpipe.solvers.neighbourhoods import deep_applies
 
     assert deep_applies(uniform_problem(4, 8, v=2))
     assert not deep_applies(uniform_problem(4, 8, v=1))
@@ -71,7 +71,7 @@ def test_deep_warm_up_applies_to_small_interleaved_pipelines_only():
 def test_deep_warm_up_windows_come_first_never_worse_and_fit(monkeypatch):
     from optpipe.solvers import lns
 
-    monkeypatch.setattr(lns, "_DEEP_WINDOW_S", 1.0)  # the test's window: CP-SAT's deterministic seconds
+    monkeypatch.setattr(lns, "DEEP_WINDOW_S", 1.0)  # the test's window: CP-SAT's deterministic seconds
     problem = uniform_problem(4, 8, v=2, f=1.0, b=1.2, w=0.8, p2p=0.1, act=100, keep=50, budget=700,
                               offload=Offload(True, 1e5, 1e5, 10**9), name="deep")
     start = max((e.judged for e in compare(problem) if e.fits), key=lambda j: j.makespan_ms)
