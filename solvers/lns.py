@@ -59,8 +59,7 @@ from .decode import schedule_from_starts
 from .exchange import Peer
 from .moves import improve_by_moves
 from .neighbourhoods import KINDS as WINDOW_KINDS
-from .neighbourhoods import DEEP, DEEP_MAX_SIZE, DEEP_SHARE, DEEP_SIZE, DEEP_WINDOW_S, Neighbourhood, choose, sweep
-from .neighbourhoods import deep_applies
+from .neighbourhoods import DEEP, DEEP_MAX_SIZE, DEEP_SHARE, DEEP_SIZE, Neighbourhood, choose, deep_applies, sweep
 from .recompute import flip_decisions
 from .result import Judged, Progress
 from .timegrid import Grid, choose_grid
@@ -79,7 +78,8 @@ _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
 # A window's CP-SAT time, in multiples of ``window_limit_s``: the short slices once, the long ones
 # twice, and the bottleneck device's cool-down five times: on grid17 (p = 16, v = 2, m = 32) its
 # 60-op windows solved in 4 s moved 4,045.4 ms to 4,043.6 in 60 s, in 20 s to 4,021.1.
-_LIMIT_FACTOR = {"sweep": 1, "idle": 1, "random": 1, "bottleneck": 5}
+# A deep warm-up window (neighbourhoods.DEEP) gets five too: 10 s, what one needs on grid04.
+_LIMIT_FACTOR = {"sweep": 1, "idle": 1, "random": 1, "bottleneck": 5, DEEP: 5}
 _FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute flips after the windows
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
@@ -448,7 +448,7 @@ class _Context:
                 continue
             model = Model(problem, grid, scope, grid.up(state.timeline.makespan) + 1)
             model.hint(inside, scope.offloaded | (scope.open_pairs & _offloaded(state.timeline)))
-            limit = DEEP_WINDOW_S if hood.kind == DEEP else self.window_limit_s * _LIMIT_FACTOR.get(hood.kind, 2)
+            limit = self.window_limit_s * _LIMIT_FACTOR.get(hood.kind, 2)
             left = deadline - time.monotonic() - overhead
             if left <= 0.05:
                 break

@@ -28,8 +28,8 @@ Kinds, each a different shape of the same model:
   ops on every device, are too short to change it (grid14, p = 12, v = 2: its last 50 ops
   re-solved in 4 s take the makespan from 1,487.2 to 1,480.9 ms);
 - ``deep warm-up`` (the portfolio's second search, ``lns.improve(deep_warm_up=True)``): the
-  warm-up's shape, ``2 x size`` ops per device from a size of DEEP_SIZE, with DEEP_WINDOW_S of
-  CP-SAT time rather than a few seconds (below the constants: why, and where it applies);
+  warm-up's shape, ``2 x size`` ops per device from a size of DEEP_SIZE, with 10 s of CP-SAT
+  time rather than a few (lns._LIMIT_FACTOR; below the constants: why, and where it applies);
 - ``microbatches``: a few consecutive microbatches over four times as long a slice, on every
   device, the other microbatches' ops there re-timed in their order: a group's forwards and
   backwards move past many others at once, which changes how many microbatches are in flight
@@ -59,8 +59,8 @@ _BOTTLENECK_OPS = 10  # a bottleneck window's ops, per op of ``size``
 _BEFORE_GAP = 0.75  # of an idle slice's ops, the share that starts before its gap
 KINDS = ("sweep", "warm-up", "cool-down", "devices", "idle", "device", "bottleneck", "microbatches")
 DEEP = "deep warm-up"  # not among KINDS: the search asks for it by itself (lns.py)
-# The deep warm-up: the first DEEP_SIZE x 2 compute ops of every device in one window, DEEP_WINDOW_S
-# of CP-SAT time each, growing by two ops a device (to DEEP_MAX_SIZE x 2) while one gains nothing.
+# The deep warm-up: the first DEEP_SIZE x 2 compute ops of every device in one window, 10 s of
+# CP-SAT time each, growing by two ops a device (to DEEP_MAX_SIZE x 2) while one gains nothing.
 # Below 12 devices the gap to the bound sits in the warm-up, and the usual windows (8 ops a device,
 # 4 s) cannot reorder a whole fill: from compile's 60 s answers, one such window with one worker
 # took grid04 (p = 6, v = 2, m = 12) from 814.2 ms to 797.9 in 13.6 s, and grid02 (p = 4, v = 3,
@@ -69,7 +69,7 @@ DEEP = "deep warm-up"  # not among KINDS: the search asks for it by itself (lns.
 # one chunk per device the fill is a plain staircase that the usual windows get right, and there
 # the deep windows cost: grid08 (p = 8, v = 1) ended 7.5% above its bound with them at every new
 # incumbent, 0.3 to 2.5% without.
-DEEP_SIZE, DEEP_MAX_SIZE, DEEP_WINDOW_S, DEEP_SHARE = 8, 16, 10.0, 0.5
+DEEP_SIZE, DEEP_MAX_SIZE, DEEP_SHARE = 8, 16, 0.5
 _DEEP_BELOW_DEVICES = 12
 
 

@@ -68,16 +68,13 @@ def test_deep_warm_up_applies_to_small_interleaved_pipelines_only():
     assert not deep_applies(uniform_problem(12, 12, v=2))
 
 
-def test_deep_warm_up_windows_come_first_never_worse_and_fit(monkeypatch):
-    from optpipe.solvers import lns
-
-    monkeypatch.setattr(lns, "DEEP_WINDOW_S", 1.0)  # the test's window: CP-SAT's deterministic seconds
+def test_deep_warm_up_windows_come_first_never_worse_and_fit():
     problem = uniform_problem(4, 8, v=2, f=1.0, b=1.2, w=0.8, p2p=0.1, act=100, keep=50, budget=700,
                               offload=Offload(True, 1e5, 1e5, 10**9), name="deep")
     start = max((e.judged for e in compare(problem) if e.fits), key=lambda j: j.makespan_ms)
     seen = []
     search = improve(problem, start.schedule, time_limit_s=60.0, workers=1, seed=2, max_windows=1,
-                     deterministic=True, window_limit_s=0.5, deep_warm_up=True,
+                     deterministic=True, window_limit_s=0.2, deep_warm_up=True,
                      on_progress=lambda progress: seen.append(progress.message))
     assert seen and "last deep warm-up" in seen[0]
     again = simulate(problem, search.best.schedule)
