@@ -62,7 +62,7 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | None,
                 callback: _Progress | None = None, light_presolve: bool = False,
                 deterministic_s: float | None = None, stall_s: float | None = None,
-                for_bound: bool = False) -> tuple[cp_model.CpSolver, int]:
+                for_bound: bool = False, interleave: bool = False) -> tuple[cp_model.CpSolver, int]:
     """Solve; ``light_presolve`` skips probing, which on window models costs seconds and buys nothing.
 
     ``for_bound``: only the proven bound is wanted (floor_relax.py), so CP-SAT searches its
@@ -73,6 +73,8 @@ def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | 
     ``deterministic_s`` also stops the search after that much of CP-SAT's deterministic time:
     with one worker and a fixed seed the answer is then the same on any machine, loaded or not.
     ``stall_s`` stops it once that long has passed since the latest solution (needs ``callback``).
+    ``interleave``: one worker takes turns between the full search and CP-SAT's own LNS helpers,
+    as a second worker would run them (lns.py uses it on its largest windows).
     """
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
@@ -84,6 +86,8 @@ def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | 
         solver.parameters.cp_model_probing_level = 0
     if for_bound:
         solver.parameters.optimize_with_lb_tree_search = True
+    if interleave:
+        solver.parameters.interleave_search = True
     done = threading.Event()
     if stall_s is not None and callback is not None:
         threading.Thread(target=_stop_when_stalled, args=(solver, callback, stall_s, done), daemon=True).start()

@@ -118,3 +118,25 @@ def test_a_second_search_that_dies_is_not_waited_for(monkeypatch):
     search = portfolio.improve_in_parallel(OFFLOAD, start.schedule, time_limit_s=2.0, seed=1, workers=2)
     assert time.monotonic() - began < 2.0 + portfolio._GRACE_S - 1.0
     assert search.best.fits
+
+
+def test_the_deep_warm_up_search_leaves_the_restarts_to_the_first(monkeypatch, tmp_path):
+    parent = os.getpid()
+    real = lns.improve
+
+    def noting_restarts(problem, schedule, **options):
+        who = "first" if os.getpid() == parent else "second"
+        (tmp_path / f"{problem.name}-{who}").write_text(str(len(options.get("restarts", ()))))
+        return real(problem, schedule, **options)
+
+    monkeypatch.setattr(lns, "improve", noting_restarts)
+    deep = uniform_problem(4, 8, v=2, act=100, keep=50, budget=800, name="deep")  # deep_applies: v = 2, p < 12
+    flat = uniform_problem(4, 8, act=100, keep=50, budget=800, name="flat")  # v = 1: it does not
+    for problem in (deep, flat):
+        start = gpipe(problem)
+        others = [e.judged.schedule for e in compare(problem) if e.fits][:2]
+        portfolio.improve_in_parallel(problem, start, time_limit_s=1.0, seed=1, workers=2, restarts=others)
+    assert lns.deep_applies(deep) and not lns.deep_applies(flat)
+    assert (tmp_path / "deep-first").read_text() == (tmp_path / "flat-first").read_text() == "2"
+    assert (tmp_path / "deep-second").read_text() == "0"
+    assert (tmp_path / "flat-second").read_text() == "2"

@@ -68,7 +68,17 @@ def test_deep_warm_up_applies_to_small_interleaved_pipelines_only():
     assert not deep_applies(uniform_problem(12, 12, v=2))
 
 
-def test_deep_warm_up_windows_come_first_never_worse_and_fit():
+def test_deep_warm_up_windows_come_first_interleaved_never_worse_and_fit(monkeypatch):
+    from optpipe.solvers import lns
+
+    interleaved = []
+    real = lns.solve_model
+
+    def spy(model, **options):
+        interleaved.append(options.get("interleave", False))
+        return real(model, **options)
+
+    monkeypatch.setattr(lns, "solve_model", spy)
     problem = uniform_problem(4, 8, v=2, f=1.0, b=1.2, w=0.8, p2p=0.1, act=100, keep=50, budget=700,
                               offload=Offload(True, 1e5, 1e5, 10**9), name="deep")
     start = max((e.judged for e in compare(problem) if e.fits), key=lambda j: j.makespan_ms)
@@ -77,6 +87,7 @@ def test_deep_warm_up_windows_come_first_never_worse_and_fit():
                      deterministic=True, window_limit_s=0.2, deep_warm_up=True,
                      on_progress=lambda progress: seen.append(progress.message))
     assert seen and "last deep warm-up" in seen[0]
+    assert interleaved == [True]  # one worker gets CP-SAT's LNS helpers too, on this large model only
     again = simulate(problem, search.best.schedule)
     assert again.fits
     assert again.makespan <= start.timeline.makespan + 1e-9
