@@ -40,6 +40,11 @@ __all__ = ["warm_starts", "one_at_a_time"]
 _GROUPS_FIRST, _GROUPS_FIRST_DEPTH = 24, 4
 _HIDDEN_IF_UNDER = 1.1  # with hidden_if_fits, the peak (in budgets) of offloading everything that still tries hiding
 _CAPS = (1.0, 1.5, 2.5)  # W-filling memory caps, as multiples of the budget (1.0 alone without offload)
+# The looser caps only below this many devices. From 16 on, they took 12 to 13.5 s of a 60 s
+# compile (grid17, grid19) and gave no fitting start, nor one that repaired into compile's answer,
+# in any benchmark run (only two p = 8 rows start from one); the window search and W deferral get
+# the time: grid19 6,932.6 ms at 60 s against 6,933.7, grid17 4,027.5 against 4,029.2.
+_LOOSE_BELOW = 16
 
 
 def one_at_a_time(problem: Problem) -> Schedule:
@@ -73,7 +78,7 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     PO-H + W(1) + hidden offload gives 5,572.1); the fitting heuristics' W passes filled and
     offloaded (their spare memory bought back as speed); every heuristic's offloaded versions,
     fastest first (what repair.py starts from); the overflowing heuristics' W passes filled under
-    the budget; then the looser W-filling caps. From p = 24 on, GIS's group sizes come first
+    the budget; then, below 16 devices, the looser W-filling caps. From p = 24 on, GIS's group sizes come first
     (``_steps``). They are returned in the order above whatever order they were built in, so
     ties go the same way with and without a deadline. With ``bound_ms`` (a proven lower bound),
     building stops once a fitting candidate meets it. ``capped=False`` leaves out the capped
@@ -94,7 +99,8 @@ def _steps(problem: Problem, capped: bool) -> tuple[Callable[[_Build], bool], ..
     gives 4,314.4 ms at p = 32, v = 2, m = 64, k = 1.6, against PO-H repaired's 4,367.4. With more
     microbatches each group costs more and PO-H repaired was as fast (p = 32, m = 256)."""
     steps = (_Build.fill_fastest, *((_Build.capped,) if capped else ()), _Build.groups, _Build.fill_fitting,
-             _Build.offload_each, _Build.fill_others, _Build.fill_looser)
+             _Build.offload_each, _Build.fill_others,
+             *((_Build.fill_looser,) if problem.devices < _LOOSE_BELOW else ()))
     if problem.devices >= _GROUPS_FIRST and problem.microbatches <= _GROUPS_FIRST_DEPTH * problem.devices:
         steps = (_Build.groups,) + tuple(step for step in steps if step is not _Build.groups)
     return steps
