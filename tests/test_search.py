@@ -88,6 +88,9 @@ def test_deep_warm_up_windows_come_first_interleaved_never_worse_and_fit(monkeyp
                      on_progress=lambda progress: seen.append(progress.message))
     assert seen and "last deep warm-up" in seen[0]
     assert interleaved == [True]  # one worker gets CP-SAT's LNS helpers too, on this large model only
+    improve(problem, start.schedule, time_limit_s=60.0, workers=2, seed=2, max_windows=1, deterministic=True,
+            window_limit_s=0.2, deep_warm_up=True)
+    assert interleaved == [True, False]  # a second worker runs them already
     again = simulate(problem, search.best.schedule)
     assert again.fits
     assert again.makespan <= start.timeline.makespan + 1e-9
