@@ -74,7 +74,7 @@ def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | 
     with one worker and a fixed seed the answer is then the same on any machine, loaded or not.
     ``stall_s`` stops it once that long has passed since the latest solution (needs ``callback``).
     ``interleave``: one worker takes turns between the full search and CP-SAT's own LNS helpers,
-    as a second worker would run them (lns.py uses it on its largest windows).
+    as a second worker would run them (lns.py uses it on its deep warm-up windows).
     """
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)

@@ -79,12 +79,11 @@ _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
 # twice, and the bottleneck device's cool-down five times: on grid17 (p = 16, v = 2, m = 32) its
 # 60-op windows solved in 4 s moved 4,045.4 ms to 4,043.6 in 60 s, in 20 s to 4,021.1.
 # A deep warm-up window (neighbourhoods.DEEP) gets five too: 10 s, what one needs on grid04.
-# Windows whose one CP-SAT worker also runs CP-SAT's LNS helpers (``interleave_search``; a second
-# worker runs them anyway): the deep warm-up's few hundred ops. From grid06's 2,993.6 ms schedule,
-# 40 s of deep windows with one worker found 2,979.9 ms plain and 2,977.6 interleaved.
-# Interleaving every window gave grid06 2,983.0 ms at 60 s against 2,969.2 with the deep ones
-# alone, and moved grid14 and 17 within their noise.
-_INTERLEAVED = frozenset({DEEP})
+# Its one CP-SAT worker also runs CP-SAT's LNS helpers (``interleave_search``; a second worker runs
+# them anyway) on those few hundred ops. From grid06's 2,993.6 ms schedule, 40 s of deep windows
+# with one worker found 2,979.9 ms plain and 2,977.6 interleaved. Interleaving every window gave
+# grid06 2,983.0 ms at 60 s against 2,969.2 with the deep ones alone, and moved grid14 and 17
+# within their noise.
 _LIMIT_FACTOR = {"sweep": 1, "idle": 1, "random": 1, "bottleneck": 5, DEEP: 5}
 _FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute flips after the windows
 
@@ -462,7 +461,7 @@ class _Context:
             solver, code = solve_model(model, time_limit_s=min(limit if not self.deterministic else 10 * limit, left),
                                        seed=self.rng.randrange(1 << 30), workers=self.workers, light_presolve=True,
                                        deterministic_s=limit if self.deterministic else None,
-                                       interleave=self.workers == 1 and hood.kind in _INTERLEAVED)
+                                       interleave=self.workers == 1 and hood.kind == DEEP)
             solve_s = time.monotonic() - solved_at
             self.deep_s += solve_s if hood.kind == DEEP else 0.0
             gained = False

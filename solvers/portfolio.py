@@ -28,6 +28,7 @@ from optpipe.core.simulate import simulate
 from .exchange import Peer
 from . import lns
 from .lns import Search, search_score
+from .neighbourhoods import deep_applies
 from .result import Judged, Progress
 
 __all__ = ["improve_in_parallel", "parallel_applies"]
@@ -72,7 +73,7 @@ def improve_in_parallel(problem: Problem, schedule: Schedule, *, time_limit_s: f
     # where the first one's short windows cannot reorder a whole fill
     options = dict(seed=seed + 1, workers=max(1, workers // 2), bound_ms=bound_ms, deep_warm_up=True)
     # ... and leaves the restarts to the first: a deep window needs the time more
-    theirs_from = () if lns.deep_applies(problem) else tuple(restarts)
+    theirs_from = () if deep_applies(problem) else tuple(restarts)
     process = context.Process(target=_other, args=(problem, schedule, theirs_from, options, deadline,
                                                    to_other, to_us), daemon=True)
     process.start()

@@ -14,6 +14,7 @@ from optpipe.solvers import lns, portfolio
 from optpipe.solvers.compare import compare
 from optpipe.solvers.exchange import Peer
 from optpipe.solvers.heuristics.gpipe import gpipe
+from optpipe.solvers.neighbourhoods import deep_applies
 
 from conftest import uniform_problem
 
@@ -136,7 +137,7 @@ def test_the_deep_warm_up_search_leaves_the_restarts_to_the_first(monkeypatch, t
         start = gpipe(problem)
         others = [e.judged.schedule for e in compare(problem) if e.fits][:2]
         portfolio.improve_in_parallel(problem, start, time_limit_s=1.0, seed=1, workers=2, restarts=others)
-    assert lns.deep_applies(deep) and not lns.deep_applies(flat)
+    assert deep_applies(deep) and not deep_applies(flat)
     assert (tmp_path / "deep-first").read_text() == (tmp_path / "flat-first").read_text() == "2"
     assert (tmp_path / "deep-second").read_text() == "0"
     assert (tmp_path / "flat-second").read_text() == "2"
