@@ -24,8 +24,8 @@ between them: ``Scope.chains``), a round of list moves (moves.py) that carry sin
 or chains of them along the critical path, across any distance, or rounds that move a W out
 of every stretch of the critical path at once (wdefer.py), which is also what runs right after a
 window makes the schedule faster: a window that re-times a stretch often leaves a W on the new
-critical path (grid19, p = 16, at 60 s: 6,916.8 ms against 6,932.6, the deferral paying after
-two of the window gains; grid14 reached 1,441.8 ms at 25.6 s where it had taken until 43 s to
+critical path (grid19, p = 16, at 60 s: 6,916.8 ms in two of three runs, 6,933.7 in the third,
+against 6,932.6 before; grid14 reached 1,441.8 ms at 25.6 s where it had taken until 43 s to
 reach 1,447.1). The portfolio's second search also
 solves the whole warm-up in long windows (``deep_warm_up``). Kinds that pay are picked more
 often (seeded); a neighbourhood solved without gain is not solved again at the same
