@@ -15,33 +15,28 @@ a complete schedule and improves it piece by piece:
 4. splice the result into the schedule, re-simulate, and keep it when the makespan is no worse
    and the devices finish no later in sum (sideways moves let the search cross plateaus).
 
-Neighbourhoods (neighbourhoods.py): every other one sweeps the schedule from the start,
-overlapping by half, growing by one op per device after a pass that gained nothing; the others
-are the warm-up, the cool-down, a pair of devices that exchange data or one device over a long
-slice (the other devices re-timed in their order), a slice around a long idle gap, a few
-microbatches over a long slice (the other ops there held in their order, free ops
-between them: ``Scope.chains``), a round of list moves (moves.py) that carry single ops,
-or chains of them along the critical path, across any distance, or rounds that move a W out
-of every stretch of the critical path at once (wdefer.py), which is also what runs right after a
-window makes the schedule faster: a window that re-times a stretch often leaves a W on the new
-critical path (grid19, p = 16, at 60 s: 6,916.8 ms in two of three runs, 6,933.7 in the third,
-against 6,932.6 before; grid14 reached 1,441.8 ms at 25.6 s where it had taken until 43 s to
-reach 1,447.1). The portfolio's second search also
-solves the whole warm-up in long windows (``deep_warm_up``). Kinds that pay are picked more
-often (seeded); a neighbourhood solved without gain is not solved again at the same
-incumbent, and a kind's retries look at larger slices. Every accepted step is simulated, fits,
-and is no worse than the incumbent.
+Neighbourhoods (neighbourhoods.py): every other one sweeps the schedule from the start, overlapping by
+half, growing by one op per device after a pass that gained nothing; the others are the warm-up, the
+cool-down, a pair of devices that exchange data or one device over a long slice (the other devices
+re-timed in their order), a slice around a long idle gap, a few microbatches over a long slice (the other
+ops there held in their order, free ops between them: ``Scope.chains``), a round of list moves (moves.py)
+that carry single ops, or chains of them along the critical path, across any distance, or rounds that
+move a W out of every stretch of the critical path at once (wdefer.py), which also runs right after a
+window makes the schedule faster: a re-timed stretch often leaves a W on the new critical path
+(design.md, "W passes on the critical path"). The portfolio's second search also solves the whole warm-up
+in long windows (``deep_warm_up``). Kinds that pay are picked more often (seeded); a neighbourhood solved
+without gain is not solved again at the same incumbent, and a kind's retries look at larger slices. Every
+accepted step is simulated, fits, and is no worse than the incumbent.
 
-Restarts: with other warm starts, each gets a share of the time first; the search then goes on
-from the best of them, trading incumbents with a second search when compile runs two
-(portfolio.py: one per core; ``peer``). Measured with compile at 30 s on 2 cores (issue 11),
-none of this moved the makespan of gpt-p8-v2-m32-quarter, longseq-p8-v2-m16, zb15b-p8-m32, zb15b-p8-m32-half or
-scale-p16-v2-m64 by more than 0.1% either way (the built-in demo problem at 20 s: 2,899 ms with
-time windows alone, 2,884 ms with all of it); on each, the path that sets the makespan is the last microbatch's
-backward chain through a cool-down in which every device runs B and W in turn; list moves that
-defer W or keep activations on the device, and cool-down windows of 16 ops per device solved to
-optimality, find nothing faster within budget. Whether those schedules are optimal is for a
-bound that knows the cool-down to say.
+Restarts: with other warm starts, each gets a share of the time first; the search then goes on from the best
+of them, trading incumbents with a second search when compile runs two (portfolio.py: one per core; ``peer``).
+Measured with compile at 30 s on 2 cores (issue 11), none of this moved the makespan of gpt-p8-v2-m32-quarter,
+longseq-p8-v2-m16, zb15b-p8-m32, zb15b-p8-m32-half or scale-p16-v2-m64 by more than 0.1% either way (the
+built-in demo problem at 20 s: 2,899 ms with time windows alone, 2,884 ms with all of it); on each, the path
+that sets the makespan is the last microbatch's backward chain through a cool-down in which every device runs
+B and W in turn; list moves that defer W or keep activations on the device, and cool-down windows of 16 ops
+per device solved to optimality, find nothing faster within budget. Whether those schedules are optimal is for
+a bound that knows the cool-down to say.
 """
 
 from __future__ import annotations
@@ -434,6 +429,21 @@ class _Context:
             state.cursor, state.gained = 0.0, False
         return hood
 
+    def _keep(self, state: _State, kind: str, candidate: Schedule) -> bool:
+        """Take a window's answer when it fits and scores better: the simulator judges, never worse."""
+        timeline = simulate(self.problem, candidate)
+        new_score = search_score(timeline)
+        if not (timeline.fits and new_score < state.score):
+            return False
+        if new_score[0] < state.score[0] - _EPS:
+            state.improved += 1
+            state.gains[kind] = state.gains.get(kind, 0) + 1
+            state.defer_next = True
+        state.schedule, state.timeline, state.score = candidate, timeline, new_score
+        state.gained = True
+        state.tabu.clear()
+        return True
+
     def search(self, state: _State, deadline: float, windows: list[int] | None) -> _State:
         """Solve neighbourhoods of ``state`` until ``deadline`` (or the window count runs out)."""
         problem, grid = self.problem, self.grid
@@ -473,21 +483,9 @@ class _Context:
                                        interleave=self.workers == 1 and hood.kind == DEEP)
             solve_s = time.monotonic() - solved_at
             self.deep_s += solve_s if hood.kind == DEEP else 0.0
-            gained = False
-            if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                candidate = _splice(problem, state.timeline, scope, frozenset(model.start), model.values(solver),
-                                    grid, state.timeline.makespan + 1.0)
-                timeline = simulate(problem, candidate)
-                new_score = search_score(timeline)
-                if timeline.fits and new_score < state.score:  # the simulator judges; never worse
-                    faster = new_score[0] < state.score[0] - _EPS
-                    if faster:
-                        state.improved += 1
-                        state.gains[hood.kind] = state.gains.get(hood.kind, 0) + 1
-                        state.defer_next = True
-                    state.schedule, state.timeline, state.score = candidate, timeline, new_score
-                    state.gained, gained = True, True
-                    state.tabu.clear()
+            gained = code in (cp_model.OPTIMAL, cp_model.FEASIBLE) and self._keep(state, hood.kind, _splice(
+                problem, state.timeline, scope, frozenset(model.start), model.values(solver), grid,
+                state.timeline.makespan + 1.0))
             if not gained:
                 state.tabu.add((hood, state.last_size))
             else:

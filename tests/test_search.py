@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -163,12 +164,11 @@ def test_a_microbatch_neighbourhood_frees_only_its_microbatches():
 
 
 def test_a_window_that_gains_is_followed_by_w_deferral():
-    import re
-
     start = _fitting(OFFLOAD)[0]
     seen = []
     improve(OFFLOAD, start.schedule, time_limit_s=60.0, workers=1, seed=1, max_windows=10, deterministic=True,
-            window_limit_s=0.5, kinds=("sweep", "defer", "idle", "warm-up", "cool-down"), on_progress=lambda progress: seen.append(progress.message))
+            window_limit_s=0.5, kinds=("sweep", "defer", "idle", "warm-up", "cool-down"),
+            on_progress=lambda progress: seen.append(progress.message))
     faster = [int(re.search(r"(\d+) faster", message).group(1)) for message in seen]
     before = [0] + faster
     gains = [k for k in range(len(seen)) if faster[k] > before[k] and "W passes deferred" not in seen[k]]
