@@ -359,15 +359,7 @@ class _Context:
             moved = improve_by_moves(self.problem, state.schedule, deadline=deadline, rng=self.rng,
                                      max_tries=_MOVES_TRIES if self.deterministic else None)
             schedule, timeline, kept = moved.schedule, moved.timeline, moved.kept
-        new_score = search_score(timeline)
-        if kept and timeline.fits and new_score <= state.score:
-            if new_score[0] < state.score[0] - _EPS:
-                state.improved += 1
-                state.gains[kind] = state.gains.get(kind, 0) + 1
-            state.schedule, state.timeline, state.score = schedule, timeline, new_score
-            state.gained = True
-            state.tabu.clear()
-        else:
+        if not (kept and self._keep(state, kind, schedule, timeline, ties=True)):
             state.tabu.add((kind, state.score))
         self._report(state, "list moves" if kind == "moves" else "critical W passes deferred")
 
@@ -429,17 +421,17 @@ class _Context:
             state.cursor, state.gained = 0.0, False
         return hood
 
-    def _keep(self, state: _State, kind: str, candidate: Schedule) -> bool:
-        """Take a window's answer when it fits and scores better: the simulator judges, never worse."""
-        timeline = simulate(self.problem, candidate)
+    def _keep(self, state: _State, kind: str, schedule: Schedule, timeline: Timeline, *, ties: bool = False) -> bool:
+        """Take ``schedule`` when it fits and scores better (``ties``: or as well): the simulator
+        judges, never worse. A window that makes it faster puts W deferral next (_neighbourhood)."""
         new_score = search_score(timeline)
-        if not (timeline.fits and new_score < state.score):
+        if not (timeline.fits and (new_score <= state.score if ties else new_score < state.score)):
             return False
         if new_score[0] < state.score[0] - _EPS:
             state.improved += 1
             state.gains[kind] = state.gains.get(kind, 0) + 1
-            state.defer_next = True
-        state.schedule, state.timeline, state.score = candidate, timeline, new_score
+            state.defer_next = kind not in _LIST_KINDS
+        state.schedule, state.timeline, state.score = schedule, timeline, new_score
         state.gained = True
         state.tabu.clear()
         return True
@@ -483,9 +475,11 @@ class _Context:
                                        interleave=self.workers == 1 and hood.kind == DEEP)
             solve_s = time.monotonic() - solved_at
             self.deep_s += solve_s if hood.kind == DEEP else 0.0
-            gained = code in (cp_model.OPTIMAL, cp_model.FEASIBLE) and self._keep(state, hood.kind, _splice(
-                problem, state.timeline, scope, frozenset(model.start), model.values(solver), grid,
-                state.timeline.makespan + 1.0))
+            gained = False
+            if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                candidate = _splice(problem, state.timeline, scope, frozenset(model.start), model.values(solver),
+                                    grid, state.timeline.makespan + 1.0)
+                gained = self._keep(state, hood.kind, candidate, simulate(problem, candidate))
             if not gained:
                 state.tabu.add((hood, state.last_size))
             else:

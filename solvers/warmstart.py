@@ -78,8 +78,8 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     PO-H + W(1) + hidden offload gives 5,572.1); the fitting heuristics' W passes filled and
     offloaded (their spare memory bought back as speed); every heuristic's offloaded versions,
     fastest first (what repair.py starts from); the overflowing heuristics' W passes filled under
-    the budget; then, below 16 devices, the looser W-filling caps. From p = 24 on, GIS's group sizes come first
-    (``_steps``). They are returned in the order above whatever order they were built in, so
+    the budget; then, below 16 devices, the looser W-filling caps. From p = 24 on, GIS's group
+    sizes come first (``_steps``). They are returned in the order above whatever order they were built in, so
     ties go the same way with and without a deadline. With ``bound_ms`` (a proven lower bound),
     building stops once a fitting candidate meets it. ``capped=False`` leaves out the capped
     list schedule (compile builds it first under a tight budget).
