@@ -40,9 +40,11 @@ simulator re-times.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
+from itertools import repeat
 
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind
@@ -50,6 +52,7 @@ from optpipe.core.schedule import Op, OpKind
 __all__ = [
     "TOLERANCE_MS",
     "instant",
+    "instants",
     "Channel",
     "Place",
     "At",
@@ -80,9 +83,17 @@ _RC = OpKind.RECOMPUTE
 TOLERANCE_MS = 1e-9
 
 
+_DIGITS = 9  # TOLERANCE_MS as decimal places
+
+
 def instant(t: float) -> float:
     """A time as the memory replay compares it: noise below TOLERANCE_MS is one instant."""
-    return round(t, 9)
+    return round(t, _DIGITS)
+
+
+def instants(times: Iterable[float]) -> list[float]:
+    """``instant`` of each time, in one pass (the simulator rounds every start and end)."""
+    return list(map(round, times, repeat(_DIGITS)))
 
 
 class Channel(Enum):

@@ -8,6 +8,7 @@ on its host. Invalid schedules raise ``ScheduleError`` naming the op and the rul
 from __future__ import annotations
 
 import heapq
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, NamedTuple
@@ -16,10 +17,11 @@ from optpipe.core.checks import Nodes, check_ops
 from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.core.semantics import CHANNEL, At, Channel, Place, duration_ms, effects, instant, link, ready_key, waits
+from optpipe.core.semantics import (CHANNEL, At, Channel, Place, duration_ms, effects, instant, instants, link,
+                                    ready_key, waits)
 from optpipe.core.units import format_size
 
-__all__ = ["OpTiming", "Timeline", "simulate", "try_simulate", "start_times", "describe_fit", "op_duration"]
+__all__ = ["OpTiming", "Timeline", "simulate", "try_simulate", "op_times", "start_times", "describe_fit", "op_duration"]
 
 _F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 _RC = OpKind.RECOMPUTE
@@ -116,12 +118,17 @@ def _graph(problem: Problem, schedule: Schedule) -> _Graph:
     rules = _Rules(problem, nodes)
     index, keys, first = nodes.index, nodes.keys, nodes.first
     preds: list[list[tuple[int, float]]] = []
-    effects: list[tuple[tuple[Place, bool, int], ...]] = []
+    effects: list[tuple[tuple[bool, bool, int], ...]] = []
+    duration: list[float] = []
+    case, known = rules.case.get, rules.known.get
     for device in range(len(schedule.devices)):
         compute = d2h = h2d = None  # the last node on each channel
         for n in range(first[device], first[device + 1]):
             kind, stage, i = keys[n]
-            channel, data, effect = rules.of(kind, stage, i)
+            # _Rules.of, its lookup inlined: this loop runs for every op of every simulation
+            above = (kind is _B or kind is _BW) and bool(case((stage + 1, i), 0) & _FUSED)
+            key = (kind, stage, case((stage, i), 0), above)
+            channel, data, effect, length = known(key) or rules.of(kind, stage, i)
             mine = [(compute, 0.0)] if compute is not None else []  # device order, or a transfer's issue point
             if channel is _COMPUTE:
                 compute = n
@@ -137,19 +144,27 @@ def _graph(problem: Problem, schedule: Schedule) -> _Graph:
                 mine.append((index[wait_kind, wait_stage, i], lag))
             preds.append(mine)
             effects.append(effect)
-    return _Graph(nodes.ops, nodes.device, preds, effects)
+            duration.append(length)
+    return _Graph(nodes.ops, nodes.device, preds, effects, duration)
 
 
 class _Graph(NamedTuple):
     ops: list[Op]
     device: list[int]  # per node
     preds: list[list[tuple[int, float]]]  # per node, (predecessor, lag ms)
-    effects: list[tuple[tuple[Place, bool, int], ...]]  # per node, _Rules.of's
+    effects: list[tuple[tuple[bool, bool, int], ...]]  # per node, _Rules.of's
+    duration: list[float]  # per node, ms
+
+
+# Each problem's rules, kept while the problem lives: a search simulates thousands of schedules
+# of one problem, and building the rules anew took a sixth of each simulation (p = 12, m = 24)
+_KNOWN: weakref.WeakKeyDictionary[Problem, dict] = weakref.WeakKeyDictionary()
 
 
 class _Rules:
-    """semantics.py's answers for one schedule, asked once per (kind, stage, case): the simulator
-    is hot, and an op's waits and effects depend on its microbatch only through its own index."""
+    """semantics.py's answers for one schedule, asked once per (kind, stage, case) and problem:
+    the simulator is hot, and an op's waits, effects and duration depend on its microbatch only
+    through its own index."""
 
     def __init__(self, problem: Problem, nodes: Nodes):
         self.problem = problem
@@ -157,25 +172,29 @@ class _Rules:
         for kind, bit in ((_BW, _FUSED), (_OFF, _OFFLOADED), (_RC, _RECOMPUTED)):
             for pair in nodes.of_kind(kind):
                 self.case[pair] = self.case.get(pair, 0) | bit
-        self._rules: dict = {}
+        try:
+            self.known: dict = _KNOWN.setdefault(problem, {})
+        except TypeError:  # a problem that cannot be hashed or weakly referenced: rules for this schedule only
+            self.known = {}
 
     def of(self, kind: OpKind, s: int, i: int) -> tuple[Channel, tuple[tuple[OpKind, int, float], ...],
-                                                         tuple[tuple[Place, bool, int], ...]]:
-        """The op's channel, waits (kind, stage, lag) and effects (place, at the end?, bytes taken
-        (+) or released (-))."""
+                                                         tuple[tuple[bool, bool, int], ...], float]:
+        """The op's channel, waits (kind, stage, lag), effects (on the host?, at the end?, bytes
+        taken (+) or released (-)) and duration (ms)."""
         case = self.case.get((s, i), 0)
         above = (kind is _B or kind is _BW) and bool(self.case.get((s + 1, i), 0) & _FUSED)  # only backwards ask
         key = (kind, s, case, above)
-        rule = self._rules.get(key)
+        rule = self.known.get(key)
         if rule is None:
             op, problem = Op(kind, s, 0), self.problem
             fused, offloaded, recomputed = bool(case & _FUSED), bool(case & _OFFLOADED), bool(case & _RECOMPUTED)
-            rule = self._rules[key] = (
+            rule = self.known[key] = (
                 CHANNEL[kind],
                 tuple((w.op.kind, w.op.stage, w.lag_ms)
                       for w in waits(problem, op, fused_above=above, offloaded=offloaded, recomputed=recomputed)),
-                tuple((e.place, e.at is At.END, e.delta)
-                      for e in effects(problem, op, fused=fused, offloaded=offloaded, recomputed=recomputed)))
+                tuple((e.place is Place.HOST, e.at is At.END, e.delta)
+                      for e in effects(problem, op, fused=fused, offloaded=offloaded, recomputed=recomputed)),
+                duration_ms(problem, op))
         return rule
 
 
@@ -183,17 +202,24 @@ def start_times(problem: Problem, schedule: Schedule, measure: Callable[[float],
     """Each op's start under the simulator's rule, with every duration and lag passed through
     ``measure`` first: ``measure=grid.up`` gives a schedule's times in a model's units."""
     graph = _graph(problem, schedule)
-    duration = [measure(duration_ms(problem, op)) for op in graph.ops]
+    duration = [measure(length) for length in graph.duration]
     scaled = [[(p, measure(lag)) for p, lag in mine] for mine in graph.preds]
     start, _ = _paths(problem, graph.ops, graph.device, scaled, duration)
     return dict(zip(graph.ops, start))
 
 
+def op_times(problem: Problem, schedule: Schedule) -> list[tuple[Op, int, float, float]]:
+    """(op, device, start, end) of every op, as ``simulate`` times them, without the memory
+    replay: for passes that judge timing alone, many times over (a third of a simulation)."""
+    graph = _graph(problem, schedule)
+    start, end = _paths(problem, graph.ops, graph.device, graph.preds, graph.duration)
+    return list(zip(graph.ops, graph.device, start, end))
+
+
 def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     graph = _graph(problem, schedule)
     ops, node_device = graph.ops, graph.device
-    duration = [duration_ms(problem, op) for op in ops]
-    start, end = _paths(problem, ops, node_device, graph.preds, duration)
+    start, end = _paths(problem, ops, node_device, graph.preds, graph.duration)
     timings = tuple(map(OpTiming, ops, node_device, start, end))
     first = min(start) if ops else 0.0
     makespan = (max(end) - first) if ops else 0.0
@@ -363,13 +389,13 @@ def _replay_memory(problem: Problem, schedule: Schedule, graph: _Graph, start: l
     on_device: list[list[tuple[float, int, int]]] = [[] for _ in range(devices)]
     on_host: list[list[tuple[float, int, int]]] = [[] for _ in range(devices)]
     busy = [0.0] * devices
+    began_at, ended_at = instants(start), instants(end)
+    for device, effect, began, ended in zip(graph.device, graph.effects, began_at, ended_at):
+        for host, at_end, delta in effect:
+            (on_host if host else on_device)[device].append((ended, 0, delta) if at_end else (began, 1, delta))
     for op, device, began, ended in zip(graph.ops, graph.device, start, end):
         if op.kind in COMPUTE_KINDS:
             busy[device] += ended - began
-    for k, effect in enumerate(graph.effects):
-        for place, at_end, delta in effect:
-            events = (on_host if place is Place.HOST else on_device)[graph.device[k]]
-            events.append((instant(end[k]), 0, delta) if at_end else (instant(start[k]), 1, delta))
     curves, peaks, peak_times, host_peaks = [], [], [], []
     for d in range(devices):
         curve, peak, when = _curve(on_device[d])

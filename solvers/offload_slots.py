@@ -26,7 +26,7 @@ from optpipe.core.errors import ProblemError, ScheduleError
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS, duration_ms
-from optpipe.core.simulate import Timeline, simulate
+from optpipe.core.simulate import Timeline, op_times, simulate
 
 __all__ = [
     "round_trip_ms",
@@ -114,17 +114,24 @@ def add_offloads(problem: Problem, schedule: Schedule, chosen: Iterable[tuple[in
     return _placed(problem, compute, pairs, simulate(problem, compute).by_op)
 
 
-def _placed(problem: Problem, compute: Schedule, pairs: frozenset[tuple[int, int]], by_op) -> Schedule:
-    """``add_offloads`` of a compute-only schedule whose timeline (``by_op``) is known."""
+def _placed(problem: Problem, compute: Schedule, pairs: frozenset[tuple[int, int]], by_op,
+            known: dict | None = None) -> Schedule:
+    """``add_offloads`` of a compute-only schedule whose timeline (``by_op``) is known. A device's
+    ops depend on its own pairs alone: ``known`` keeps them by those, for callers that place
+    sets differing on a few devices."""
     devices = []
-    for ops in compute.devices:
-        mine = [op for op in ops if op.kind is _F and (op.stage, op.microbatch) in pairs]
+    for device, ops in enumerate(compute.devices):
+        mine = tuple(op for op in ops if op.kind is _F and (op.stage, op.microbatch) in pairs)
         if not mine:
             devices.append(ops)
             continue
-        offload_end = _offload_ends(problem, mine, by_op)
-        after = _reload_slots(problem, ops, offload_end, by_op)
-        devices.append(_merge(ops, pairs, after))
+        placed = known.get((device, mine)) if known is not None else None
+        if placed is None:
+            offload_end = _offload_ends(problem, mine, by_op)
+            placed = _merge(ops, pairs, _reload_slots(problem, ops, offload_end, by_op))
+            if known is not None:
+                known[(device, mine)] = placed
+        devices.append(placed)
     return Schedule(compute.name, tuple(devices))
 
 
@@ -144,15 +151,17 @@ def add_hidden_offloads(problem: Problem, schedule: Schedule, candidates: Iterab
     due = {(t.op.stage, t.op.microbatch): t.start for t in timeline.timings
            if t.op.kind is _B or t.op.kind is _BW}
     chosen = set(_check_pairs(problem, candidates))
+    known: dict = {}  # a round changes the devices it drops a pair on; the others are placed as before
     while True:
         if deadline is not None and time.monotonic() > deadline:
             return None
-        placed = _placed(problem, compute, frozenset(chosen) - compute.recomputed, timeline.by_op)
+        placed = _placed(problem, compute, frozenset(chosen) - compute.recomputed, timeline.by_op, known)
         first_late: dict[int, tuple[float, tuple[int, int]]] = {}
-        for t in simulate(problem, placed).timings:
-            pair = (t.op.stage, t.op.microbatch)
-            if t.op.kind is OpKind.RELOAD and t.end > due[pair] + _EPS:
-                first_late[t.device] = min(first_late.get(t.device, (math.inf, pair)), (due[pair], pair))
+        for op, device, _, end in op_times(problem, placed):
+            if op.kind is OpKind.RELOAD:
+                pair = (op.stage, op.microbatch)
+                if end > due[pair] + _EPS:
+                    first_late[device] = min(first_late.get(device, (math.inf, pair)), (due[pair], pair))
         if not first_late:
             return placed
         chosen -= {pair for _, pair in first_late.values()}

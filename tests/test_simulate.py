@@ -10,7 +10,7 @@ from conftest import uniform_problem
 from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Offload
 from optpipe.core.schedule import Op, OpKind, Schedule, parse_op
-from optpipe.core.simulate import simulate
+from optpipe.core.simulate import op_times, simulate
 from optpipe.solvers import generate
 
 F, B, W, BW, OFF, REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
@@ -73,6 +73,26 @@ def test_offload_frees_at_its_end_and_reload_holds_from_its_start():
     assert by[Op(BW, 0, 0)].start == pytest.approx(4.0)  # B(1) ends at 4, reload at 3
     assert timeline.memory[0] == ((0.0, 100), (2.0, 100), (6.0, 0))  # freed and reloaded at the same instant
     assert timeline.host_peak[0] == 100
+
+
+def test_op_times_are_the_timelines_times():
+    """The timing-only pass (for passes that drop transfers round by round) and the simulator agree."""
+    offload = Offload(True, d2h_bandwidth=100_000.0, h2d_bandwidth=100_000.0, host_budget=10**9)
+    problem = uniform_problem(2, 1, act=100, keep=50, offload=offload)
+    schedule = Schedule.of("hand", [
+        [Op(F, 0, 0), Op(OFF, 0, 0), Op(REL, 0, 0), Op(BW, 0, 0)],
+        [Op(F, 1, 0), Op(BW, 1, 0)],
+    ])
+    assert op_times(problem, schedule) == [(t.op, t.device, t.start, t.end) for t in simulate(problem, schedule).timings]
+
+
+def test_problems_with_other_costs_are_timed_by_their_own_rules():
+    """The simulator keeps each problem's op rules between calls; a problem that differs only in
+    its costs must not be timed by another's."""
+    schedule = generate("1F1B", uniform_problem(2, 2, f=1, b=1, w=1))
+    fast = simulate(uniform_problem(2, 2, f=1, b=1, w=1), schedule)
+    slow = simulate(uniform_problem(2, 2, f=2, b=2, w=2), schedule)
+    assert slow.makespan == pytest.approx(2 * fast.makespan)
 
 
 def test_reload_waits_for_the_compute_listed_before_it():
