@@ -46,6 +46,18 @@ def test_proves_a_compiled_schedule_all_but_optimal():
     assert bound.reason.startswith("device 0:") and "solved exactly at its ends" in bound.reason
 
 
+def test_the_device_that_sets_the_bound_is_solved_again_on_a_finer_grid(monkeypatch):
+    """Rounding each duration down to 1/4000 of the window costs grid14 (p = 12, v = 2, m = 24,
+    k = 1.6) 0.9 ms of its bound; the last solve on a 16 times finer grid wins it back."""
+    problem = generated(14, 12, 2, 24, 0.3, 1.6, seed=0)
+    floor = makespan_lower_bound(problem)
+    fine = ends_bound(problem, floor=floor, time_limit_s=15.0, workers=1).value
+    monkeypatch.setattr(ends_relax, "_FINE", 1)
+    coarse = ends_bound(problem, floor=floor, time_limit_s=15.0, workers=1).value
+    assert coarse == pytest.approx(1408.04, abs=0.01)
+    assert fine > coarse + 0.5
+
+
 def test_compile_reports_the_bound():
     """At any size (grid01 is too large for the other relaxations) compile asks for it."""
     compiled = compile_problem(_grid01(), time_limit_s=4.0, workers=2)
