@@ -126,16 +126,21 @@ def ends_bound(problem: Problem, *, floor: Bound, time_limit_s: float, workers: 
     paths, budget = data_paths(problem), problem.memory.budget
     phases = {d: phase_idle(problem, d, paths.head, paths.tail) for d in range(problem.devices)}
     windows: dict[int, tuple] = {}  # built when a device is first looked at
-    best, setter = _rounds(problem, phases, paths, windows, floor, left, upper_ms, workers, seed)
-    if setter is not None and left() >= _MIN_SOLVE_S and best.value < upper_ms - _EPS_MS:
-        ends = _solve(setter, windows[setter], budget, min(_ROUND_S[1], left()), workers, seed, _UNITS * _FINE)
-        best = _raised(problem, phases[setter], ends, best)
+    best, coarse = _rounds(problem, phases, paths, windows, floor, left, upper_ms, workers, seed)
+    if coarse is not None and left() >= _MIN_SOLVE_S and best.value < upper_ms - _EPS_MS:
+        device = coarse.device
+        fine = _solve(device, windows[device], budget, min(_ROUND_S[1], left()), workers, seed, _UNITS * _FINE)
+        # each end's idle is a proof on either grid: the larger of the two counts
+        both = EndIdle(device, max(coarse.warm_up, fine.warm_up), max(coarse.cool_down, fine.cool_down),
+                       coarse.proved or fine.proved)
+        best = _raised(problem, phases[device], both, best)
     return best
 
 
 def _rounds(problem: Problem, phases: dict[int, PhaseIdle], paths: Paths, windows: dict[int, tuple], floor: Bound,
-            left, upper_ms: float, workers: int | None, seed: int) -> tuple[Bound, int | None]:
-    """``ends_bound``'s two rounds: the bound and the device that raised it last (None: none did)."""
+            left, upper_ms: float, workers: int | None, seed: int) -> tuple[Bound, EndIdle | None]:
+    """``ends_bound``'s two rounds: the bound and what was proved of the device that raised it
+    last (None: none did)."""
     budget = problem.memory.budget
     most: dict[int, float] = {}  # the device's bound with a greedy solution's idle at both ends
     best, setter, open_ = floor, None, []
@@ -157,7 +162,7 @@ def _rounds(problem: Problem, phases: dict[int, PhaseIdle], paths: Paths, window
             if not ends.proved:
                 open_.append(device)
             raised = _raised(problem, phases[device], ends, best)
-            best, setter = raised, (device if raised is not best else setter)
+            best, setter = raised, (ends if raised is not best else setter)
     return best, setter
 
 
