@@ -16,7 +16,9 @@ so moves judged one at a time (moves.py) never get through the hundreds a schedu
 round of all stretches takes one. When a round is not faster, the next of ``ROUNDS`` is tried
 (the last W of each stretch to the end of the device's list where the device ends early, half
 the stretches, Ws pulled back into earlier gaps where a stretch ends a device's list, ...); the
-pass ends when none is, or at the deadline. A round that is faster but overflows is tried
+pass ends when none is, or at the deadline. Each pass first issues the reloads the path waits for
+earlier (reload_advance.py): a W moved off the path often leaves a backward waiting for its
+activation there, and the other way round. A round that is faster but overflows is tried
 again without the devices that overflow. Greedy, so the result depends on the order: on
 grid20's 60 s schedule (p = 24, m = 48) this order gives 5,437.2 to 5,327.4 ms in 9 s, and an
 earlier one 5,303.5 in 25 s (bound 5,098.3); grid22's (p = 32, m = 64) 4,314.4 to 4,241.2 in 42 s
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
@@ -35,6 +38,7 @@ from optpipe.core.simulate import OpTiming, Timeline, try_simulate
 
 from .critical import critical_path
 from .moves import idle_gaps
+from .reload_advance import advanced_reloads
 
 __all__ = ["Round", "ROUNDS", "defer_critical_w", "deferred", "pays"]
 
@@ -78,11 +82,13 @@ class _Path:
     stretches: list[tuple[int, list[OpTiming]]]
     gaps: list[list[tuple[float, Op]]]
     slack: list[float]
+    ops: list[OpTiming]  # the critical path itself, latest first
 
     @classmethod
     def of(cls, problem: Problem, timeline: Timeline) -> _Path:
         stretches: list[tuple[int, list[OpTiming]]] = []
-        for t in sorted(critical_path(problem, timeline), key=lambda t: t.start):
+        path = critical_path(problem, timeline)
+        for t in sorted(path, key=lambda t: t.start):
             if stretches and stretches[-1][0] == t.device:
                 stretches[-1][1].append(t)
             else:
@@ -94,7 +100,7 @@ class _Path:
         for t in timeline.timings:
             if t.op.kind in COMPUTE_KINDS:
                 ends[t.device] = max(ends[t.device], t.end)
-        return cls(stretches, gaps, [timeline.makespan - end for end in ends])
+        return cls(stretches, gaps, [timeline.makespan - end for end in ends], path)
 
     def chosen(self, rule: Round) -> list[tuple[int, list[OpTiming]]]:
         """The stretches ``rule`` moves Ws out of."""
@@ -176,10 +182,13 @@ def defer_critical_w(problem: Problem, schedule: Schedule, timeline: Timeline,
         return schedule, timeline
     while deadline is None or time.monotonic() < deadline:
         path = _Path.of(problem, timeline)  # what every rule reads, once a timeline
-        for rule in ROUNDS:
+        # first the reloads the path waits for (reload_advance.py), then the rules in turn
+        moves = [lambda skip: advanced_reloads(problem, schedule, timeline, path.ops, skip)]
+        moves += [lambda skip, rule=rule: deferred(problem, schedule, timeline, rule, skip, path) for rule in ROUNDS]
+        for move in moves:
             if deadline is not None and time.monotonic() >= deadline:
                 return schedule, timeline
-            found = _round(problem, schedule, timeline, rule, path)
+            found = _round(problem, timeline, move)
             if found is not None:
                 schedule, timeline = found
                 break
@@ -188,15 +197,16 @@ def defer_critical_w(problem: Problem, schedule: Schedule, timeline: Timeline,
     return schedule, timeline
 
 
-def _round(problem: Problem, schedule: Schedule, timeline: Timeline, rule: Round,
-           path: _Path) -> tuple[Schedule, Timeline] | None:
-    """One round by ``rule``, kept when faster and fitting. A round that is faster but overflows
-    is tried again without the moves of the devices that overflow: on grid20 (p = 24) every round
-    overflowed the last device, whose W passes hold the last stage's weight parts, once the pass
-    reached 5,384.1 ms; with the retries it went on to 5,303.5."""
+def _round(problem: Problem, timeline: Timeline,
+           move: Callable[[frozenset[int]], Schedule | None]) -> tuple[Schedule, Timeline] | None:
+    """One round, ``move(skip)`` (the schedule with the devices in ``skip`` left as they are),
+    kept when faster and fitting. A round that is faster but overflows is tried again without the
+    moves of the devices that overflow: on grid20 (p = 24) every round overflowed the last device,
+    whose W passes hold the last stage's weight parts, once the pass reached 5,384.1 ms; with the
+    retries it went on to 5,303.5."""
     budget, skip = problem.memory.budget, frozenset()
     for _ in range(_RETRIES):
-        candidate = deferred(problem, schedule, timeline, rule, skip, path)
+        candidate = move(skip)
         moved = try_simulate(problem, candidate) if candidate is not None else None
         if moved is None or moved.makespan >= timeline.makespan - _EPS:
             return None
