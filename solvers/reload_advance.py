@@ -8,8 +8,8 @@ reload listed after B(15, 30), while the channel sat idle for 19 ms before it. E
 moves to the latest issue point that still lets it end when its backward could start, never
 before the transfer ahead of it on the channel (channel order stays as listed) nor before its
 own offload; a reload held from an earlier start takes memory sooner, so the caller judges
-the round by simulating it, as W deferral's rounds are (wdefer.py, which runs this as its first
-round). On grid17 that and the W deferral it lets pay took 4,027.5 ms to 4,019.3 in 2 s.
+the round by simulating it, as W deferral's rounds are (wdefer.py, which runs this as its
+second round). On grid17 that and the W deferral it lets pay took 4,027.5 ms to 4,019.3 in 2 s.
 """
 
 from __future__ import annotations
