@@ -36,8 +36,9 @@ memory counts are at most what the device really holds.
 Every time is in whole units of 1/4000 of the window (1/64000 in a last solve), every
 duration, lag and release rounded down and starts taken down to the unit (floor(a + b) >=
 floor(a) + floor(b); a reservoir at a unit counts the events before the next one, a real
-instant's level), and busy time is credited rounded up: every fitting schedule maps onto a solution whose busy time is no less. CP-SAT's
-proven bound on the most busy time holds whether or not it proves its answer optimal.
+instant's level), and busy time is credited rounded up: every fitting schedule maps onto a
+solution whose busy time is no less. CP-SAT's proven bound on the most busy time holds whether
+or not it proves its answer optimal.
 
 A device's bound is ``PhaseIdle.with_ends``: its start, its work, and the larger of each end's
 two proofs of idle. Also relaxed: a shared host link (each device's transfers only keep off each
