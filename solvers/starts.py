@@ -52,8 +52,9 @@ _EARLY_REPAIR, _FAR_SLOWER = 0.35, 1.5  # repair the plain heuristics first for 
 MIN_STEP_S = 0.05  # a repair round takes longer than this on the smallest problems
 # Of the time limit, at most, for deferring the fastest start's critical W passes (wdefer.py; it
 # stops by itself once no round pays): on the 60 s schedules of grid20 (p = 24, m = 48) it takes
-# 7.5 s from 5,437.2 ms to 5,327.4, and of grid24 (p = 32, m = 256, 0.6 s a round) 26.5 s from
-# 27,381.2 to 26,897.3
+# 7.5 s from 5,437.2 ms to 5,327.4, and of grid24 (p = 32, m = 256, 0.4 s a round) 25.5 s from
+# 27,381.2 to 26,714.6. The warm-start variants and the repairs stop this long before the limit:
+# at p = 32, m = 256 they ran up to it in one grid run (27,381.2 ms returned undeferred).
 _DEFER_SHARE = 0.25
 
 
@@ -71,7 +72,9 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     if tight(problem, entries):
         phase("repairing the nearly fitting heuristics", baseline)
     early = early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
-    warm_until = _warm_until(problem, began, time_limit_s)
+    # from 12 devices on W deferral moves the start most: the phases before it leave it its share
+    reserve = _DEFER_SHARE * time_limit_s if pays(problem) else 0.0
+    warm_until = min(_warm_until(problem, began, time_limit_s), max(time.monotonic(), end - reserve))
     given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
     phase("W-filled and offloaded variants", fastest_fitting([*given, *(early or []), *([baseline] if baseline else [])]))
     candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value,
@@ -79,7 +82,8 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     now = time.monotonic()
     if end - now > MIN_STEP_S:  # with no time left, the heuristics as they are
         phase("repairing the fastest that overflow", fastest_fitting(candidates))
-        repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s))
+        repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s),
+                           max(now, end - reserve))
         plain = {e.name for e in entries} if early is not None else set()  # repaired already
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
                                         deadline=repair_until)
