@@ -125,10 +125,10 @@ def _graph(problem: Problem, schedule: Schedule) -> _Graph:
         compute = d2h = h2d = None  # the last node on each channel
         for n in range(first[device], first[device + 1]):
             kind, stage, i = keys[n]
-            # _Rules.of, its lookup inlined: this loop runs for every op of every simulation
+            # the rule's key: only backwards ask whether the stage above is fused
             above = (kind is _B or kind is _BW) and bool(case((stage + 1, i), 0) & _FUSED)
             key = (kind, stage, case((stage, i), 0), above)
-            channel, data, effect, length = known(key) or rules.of(kind, stage, i)
+            channel, data, effect, length = known(key) or rules.rule(key)
             mine = [(compute, 0.0)] if compute is not None else []  # device order, or a transfer's issue point
             if channel is _COMPUTE:
                 compute = n
@@ -152,7 +152,7 @@ class _Graph(NamedTuple):
     ops: list[Op]
     device: list[int]  # per node
     preds: list[list[tuple[int, float]]]  # per node, (predecessor, lag ms)
-    effects: list[tuple[tuple[bool, bool, int], ...]]  # per node, _Rules.of's
+    effects: list[tuple[tuple[bool, bool, int], ...]]  # per node, _Rules.rule's
     duration: list[float]  # per node, ms
 
 
@@ -177,15 +177,14 @@ class _Rules:
         except TypeError:  # a problem that cannot be hashed or weakly referenced: rules for this schedule only
             self.known = {}
 
-    def of(self, kind: OpKind, s: int, i: int) -> tuple[Channel, tuple[tuple[OpKind, int, float], ...],
-                                                         tuple[tuple[bool, bool, int], ...], float]:
-        """The op's channel, waits (kind, stage, lag), effects (on the host?, at the end?, bytes
-        taken (+) or released (-)) and duration (ms)."""
-        case = self.case.get((s, i), 0)
-        above = (kind is _B or kind is _BW) and bool(self.case.get((s + 1, i), 0) & _FUSED)  # only backwards ask
-        key = (kind, s, case, above)
+    def rule(self, key: tuple[OpKind, int, int, bool]) -> tuple[Channel, tuple[tuple[OpKind, int, float], ...],
+                                                                  tuple[tuple[bool, bool, int], ...], float]:
+        """The rule for ``key`` (kind, stage, case bits, whether the stage above is fused), made
+        on first use: the op's channel, waits (kind, stage, lag), effects (on the host?, at the
+        end?, bytes taken (+) or released (-)) and duration (ms). ``_graph`` makes the keys."""
         rule = self.known.get(key)
         if rule is None:
+            kind, s, case, above = key
             op, problem = Op(kind, s, 0), self.problem
             fused, offloaded, recomputed = bool(case & _FUSED), bool(case & _OFFLOADED), bool(case & _RECOMPUTED)
             rule = self.known[key] = (
