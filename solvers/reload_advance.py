@@ -19,7 +19,7 @@ from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS, duration_ms, waits
 from optpipe.core.simulate import OpTiming, Timeline
 
-__all__ = ["advanced_reloads"]
+__all__ = ["advanced_reloads", "backward_of"]
 
 _REL, _OFF, _B, _BW = OpKind.RELOAD, OpKind.OFFLOAD, OpKind.B, OpKind.BW
 _EPS = TOLERANCE_MS
@@ -51,8 +51,7 @@ def _wanted_start(problem: Problem, timeline: Timeline, row: list[Op], reload: O
     """When ``reload`` should start to end as its backward becomes ready otherwise: after the
     device's compute op before it and its other waits (the gradient from the stage above)."""
     by_op = timeline.by_op
-    backward = next((op for op in (Op(_B, reload.stage, reload.microbatch), Op(_BW, reload.stage, reload.microbatch))
-                     if op in by_op), None)
+    backward = backward_of(timeline, reload)
     if backward is None:
         return None
     k = row.index(backward)
@@ -65,6 +64,12 @@ def _wanted_start(problem: Problem, timeline: Timeline, row: list[Op], reload: O
         if pred is not None:
             ready = max(ready, pred.end + wait.lag_ms)
     return ready - duration_ms(problem, reload)
+
+
+def backward_of(timeline: Timeline, reload: Op) -> Op | None:
+    """The backward (B, or a fused BW) that waits for ``reload``'s activation."""
+    return next((op for op in (Op(_B, reload.stage, reload.microbatch), Op(_BW, reload.stage, reload.microbatch))
+                 if op in timeline.by_op), None)
 
 
 def _issue_position(timeline: Timeline, row: list[Op], reload: Op, target: float) -> int:

@@ -15,13 +15,15 @@ does every round: with this, W deferral takes that schedule to 3,984.3 ms at the
 from __future__ import annotations
 
 from optpipe.core.problem import Problem
-from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.schedule import COMPUTE_KINDS, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS, duration_ms
 from optpipe.core.simulate import Timeline
 
+from .reload_advance import backward_of
+
 __all__ = ["delayed_reloads"]
 
-_REL, _B, _BW = OpKind.RELOAD, OpKind.B, OpKind.BW
+_REL = OpKind.RELOAD
 _EPS = TOLERANCE_MS
 
 
@@ -38,8 +40,7 @@ def delayed_reloads(problem: Problem, schedule: Schedule, timeline: Timeline, de
             continue
         row = lists[device]
         for reload in [op for op in row if op.kind is _REL]:
-            backward = next((op for op in (Op(_B, reload.stage, reload.microbatch),
-                                           Op(_BW, reload.stage, reload.microbatch)) if op in by_op), None)
+            backward = backward_of(timeline, reload)
             if backward is None:
                 continue
             began, needed = by_op[reload].start, by_op[backward].start
