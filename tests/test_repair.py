@@ -146,3 +146,19 @@ def test_starts_after_the_first_three_are_repaired_when_time_allows():
     repaired = repair_candidates(problem, candidates)
     assert repaired and all(c.fits for c in repaired)
     assert repaired[0].timeline.makespan < fitting
+
+
+def test_where_rounds_are_slow_the_first_round_that_fits_ends_the_repairs(monkeypatch):
+    # at p = 32, m = 256 a round takes a second; there the time goes to W deferral instead
+    import time
+
+    import optpipe.solvers.repair as repair_module
+
+    base = _problem()
+    problem = base.with_budget(int(_peak(base, "PO-H") * 0.6))
+    candidates = warm_starts(problem, compare(problem))
+    every = repair_candidates(problem, candidates, deadline=time.monotonic() + 60)
+    monkeypatch.setattr(repair_module, "_MAX_ROUNDS", 10**7)  # 64 rounds' time now exceeds any deadline
+    first = repair_candidates(problem, candidates, deadline=time.monotonic() + 60)
+    assert first and all(c.fits and c.name.endswith("+repaired(all, step 1)") for c in first)
+    assert {c.name for c in first} < {c.name for c in every}

@@ -29,6 +29,14 @@ def test_the_heuristics_come_first_and_alone_past_the_deadline():
     assert len(whole) > len(plain)
 
 
+def test_no_variant_starts_that_its_expected_length_would_carry_past_the_deadline():
+    entries = compare(PROBLEM)
+    plain = [e.name for e in entries if e.applicable] + ["one-at-a-time"]
+    soon = time.monotonic() + 5.0  # far more than this problem's variants take, far less than 60 s
+    assert len(warm_starts(PROBLEM, entries, deadline=soon)) > len(plain)
+    assert _names(warm_starts(PROBLEM, entries, deadline=soon, step_s=60.0)) == plain
+
+
 def test_stops_once_a_fitting_start_meets_the_bound():
     entries = compare(PROBLEM)
     fastest = min(e.judged.makespan_ms for e in entries if e.fits)
