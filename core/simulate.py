@@ -216,22 +216,32 @@ def op_times(problem: Problem, schedule: Schedule) -> list[tuple[Op, int, float,
 
 
 def simulate(problem: Problem, schedule: Schedule) -> Timeline:
+    timeline = _simulate(problem, schedule, None)
+    assert timeline is not None  # no makespan to beat
+    return timeline
+
+
+def try_simulate(problem: Problem, schedule: Schedule, faster_than: float | None = None) -> Timeline | None:
+    """The timeline, or None when the schedule breaks a rule: for searches that try many moves
+    and drop the ones that do not make a schedule. With ``faster_than`` (ms), None also when the
+    makespan is not below it, found before the memory replay and the per-op timings, which are
+    then skipped (about 40% of a simulation at p = 32, m = 256)."""
+    try:
+        return _simulate(problem, schedule, faster_than)
+    except ScheduleError:
+        return None
+
+
+def _simulate(problem: Problem, schedule: Schedule, faster_than: float | None) -> Timeline | None:
     graph = _graph(problem, schedule)
     ops, node_device = graph.ops, graph.device
     start, end = _paths(problem, ops, node_device, graph.preds, graph.duration)
-    timings = tuple(map(OpTiming, ops, node_device, start, end))
     first = min(start) if ops else 0.0
     makespan = (max(end) - first) if ops else 0.0
-    return _replay_memory(problem, schedule, graph, start, end, timings, makespan, first)
-
-
-def try_simulate(problem: Problem, schedule: Schedule) -> Timeline | None:
-    """The timeline, or None when the schedule breaks a rule: for searches that try many moves
-    and drop the ones that do not make a schedule."""
-    try:
-        return simulate(problem, schedule)
-    except ScheduleError:
+    if faster_than is not None and makespan >= faster_than:
         return None
+    timings = tuple(map(OpTiming, ops, node_device, start, end))
+    return _replay_memory(problem, schedule, graph, start, end, timings, makespan, first)
 
 
 def _successors(preds) -> tuple[list[list[tuple[int, float]]], list[int]]:

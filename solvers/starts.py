@@ -4,12 +4,14 @@ of the time limit, every phase named on the live line.
 1. Judge the heuristics (compare.py) within a quarter of the time limit: past it the costly ones
    are left out once one fits (at p = 64, m = 512 they take over a minute).
 2. Under a tight budget (every fitting heuristic far slower than the fastest), the capped
-   offloading list schedule and the nearly fitting heuristics repaired, first.
+   offloading list schedule and the nearly fitting heuristics repaired, first; from 12 devices
+   on, the fastest of those with the W passes on its critical path deferred into later idle
+   gaps (wdefer.py) at once: the repaired heuristic defers further than the variants' starts.
 3. The warm-start variants (warmstart.py): W-filled, offloaded, GIS's group sizes.
 4. The fastest that still overflow, repaired (repair.py), with what is left of the repair share.
-5. From 12 devices on, the fastest that fits with the W passes on its critical path deferred
-   into later idle gaps (wdefer.py), within a share of its own: where the window search barely
-   runs (p = 32, m = 256) this is the only step that moves the start.
+5. From 12 devices on, the fastest that fits and has not been deferred, deferred, within a share
+   of its own (more where simulations are slow): where the window search barely runs (p = 32,
+   m = 256) the passes are what moves the start.
 
 ``starts`` (schedules compile was given: a plan compiled earlier, or for a smaller budget) join
 the candidates as they are and are repaired with the rest.
@@ -60,6 +62,17 @@ _DEFER_SHARE = 0.25
 # limit: grid24's pass ends after about 50 rounds (24 s at 0.46 s a simulation, 26,708.3 ms), and
 # at 60 s the quarter left it at 26,826.2 after 15 s. Below p = 32, m = 256 the quarter is more.
 _DEFER_ROUNDS, _DEFER_MOST = 60, 0.5
+_DEFERRED = "+W-deferred"
+# Under a tight budget the repaired heuristic is deferred first, for up to this much of the limit
+# (the pass stops by itself when no round pays): on grid22 (p = 32, v = 2, m = 64) PO-H repaired
+# (4,369.5 ms) defers to 4,100.6 in 34 s, where the variants' fastest start, GIS(g = 25) repaired
+# (4,314.4), reaches only 4,245.6 in 27 s; at 60 s compile had deferred the latter alone, from
+# 45 s, to 4,265.6 (6.9% above the bound).
+_EARLY_DEFER_SHARE = 0.5
+# ... and the fastest start not yet deferred after it, when within this factor of the fastest so
+# far: grid19's GIS(g = 13) with hidden offloads (7,037.3 ms) defers to 6,939.7, PO-H repaired
+# (7,108.2) only to 6,991.0, which it beats before either pass by 0.5%.
+_DEFER_WITHIN = 1.05
 # A warm-start variant takes about this many simulations (W-filling ZB-I at p = 32, m = 256: 18 in
 # 8.6 s); none is started that could not end before the variants' deadline.
 _VARIANT_SIMS = 10
@@ -82,6 +95,15 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     # from 12 devices on W deferral moves the start most: the phases before it leave it its share
     simulate_s = _simulate_s(problem, entries)
     reserve = _defer_reserve(problem, time_limit_s, simulate_s)
+    deferred_from: set[str] = set()  # the starts already deferred
+    repaired = fastest_fitting(early or [])
+    if repaired is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
+        # under a tight budget the repaired heuristic defers furthest: its own pass, before the variants
+        phase("deferring the W passes of the repaired heuristic", repaired)
+        deferred_from.add(repaired.name)
+        deferred = _deferred(problem, repaired, min(end, time.monotonic() + _EARLY_DEFER_SHARE * time_limit_s))
+        if deferred is not None:
+            early.append(deferred)
     warm_until = min(_warm_until(problem, began, time_limit_s), max(time.monotonic(), end - reserve))
     given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
     phase("W-filled and offloaded variants", fastest_fitting([*given, *(early or []), *([baseline] if baseline else [])]))
@@ -95,9 +117,12 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         plain = {e.name for e in entries} if early is not None else set()  # repaired already
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
                                         deadline=repair_until)
-    fastest = fastest_fitting(candidates)
+    best = fastest_fitting(candidates)
+    fastest = fastest_fitting([c for c in candidates if c.name not in deferred_from and not c.name.endswith(_DEFERRED)])
+    if fastest is not None and fastest.timeline.makespan > _DEFER_WITHIN * best.timeline.makespan:
+        fastest = None  # far slower than a deferred start: no pass brings it back
     if fastest is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
-        phase("deferring the W passes on the critical path", fastest)
+        phase("deferring the W passes on the critical path", best)
         deferred = _deferred(problem, fastest, min(end, time.monotonic() + reserve))
         if deferred is not None:
             candidates.append(deferred)
@@ -127,7 +152,7 @@ def _deferred(problem: Problem, start: Judged, deadline: float) -> Judged | None
     schedule, timeline = defer_critical_w(problem, start.schedule, start.timeline, deadline)
     if timeline.makespan >= start.timeline.makespan:
         return None
-    name = f"{start.name}+W-deferred"
+    name = f"{start.name}{_DEFERRED}"
     return Judged(name, schedule.renamed(name), timeline)
 
 

@@ -10,7 +10,7 @@ from conftest import uniform_problem
 from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Offload
 from optpipe.core.schedule import Op, OpKind, Schedule, parse_op
-from optpipe.core.simulate import op_times, simulate
+from optpipe.core.simulate import op_times, simulate, try_simulate
 from optpipe.solvers import generate
 
 F, B, W, BW, OFF, REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
@@ -215,3 +215,14 @@ def test_bad_schedule_json(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ScheduleError, match="not valid JSON"):
         load_schedule(path)
+
+
+@pytest.mark.parametrize("name", ["1F1B", "PO-H", "ZB-H1"])
+def test_a_bar_to_beat_gives_the_same_timeline_or_none(name):
+    problem = uniform_problem(4, 8, act=100, keep=50, offload=Offload(True, 1e5, 1e5, 10**9))
+    schedule = generate(name, problem)
+    timeline = simulate(problem, schedule)
+    assert try_simulate(problem, schedule, timeline.makespan + 1e-6) == timeline
+    assert try_simulate(problem, schedule, timeline.makespan) is None
+    cycle = Schedule(schedule.name, (tuple(reversed(schedule.devices[0])),) + schedule.devices[1:])
+    assert try_simulate(problem, cycle, float("inf")) is None
