@@ -159,7 +159,7 @@ def _final(schedule: Schedule, path: _Path, rule: Round, lists: list[list[Op]]) 
     and ends 6 ms before the makespan), that took the converged pass from 26,714.6 to 26,708.3 ms."""
     for device, ops in reversed(path.stretches):
         row = lists[device]
-        last = row[-1] if row else None
+        last = next((op for op in reversed(row) if op.kind in COMPUTE_KINDS), None)
         ws = [t.op for t in ops if t.op.kind is _W and t.op != last]
         if not ws:
             continue
