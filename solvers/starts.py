@@ -76,6 +76,10 @@ _DEFER_WITHIN = 1.05
 # A warm-start variant takes about this many simulations (W-filling ZB-I at p = 32, m = 256: 18 in
 # 8.6 s); none is started that could not end before the variants' deadline.
 _VARIANT_SIMS = 10
+# W deferral stops this many simulations before the limit: its last round runs past its deadline,
+# and compile simulates the answer again. At p = 64, m = 512 (2 s a simulation), passes that ran
+# up to the limit returned after 65.9 s at 60 and 128.9 s at 120.
+_SETTLE_SIMS = 4
 
 
 def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clock: tuple[float, float],
@@ -95,13 +99,14 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     # from 12 devices on W deferral moves the start most: the phases before it leave it its share
     simulate_s = _simulate_s(problem, entries)
     reserve = _defer_reserve(problem, time_limit_s, simulate_s)
+    settle = end - _SETTLE_SIMS * simulate_s  # a pass's last round, and compile's checks after, end by the limit
     deferred_from: set[str] = set()  # the starts already deferred
     repaired = fastest_fitting(early or [])
     if repaired is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
         # under a tight budget the repaired heuristic defers furthest: its own pass, before the variants
         phase("deferring the W passes of the repaired heuristic", repaired)
         deferred_from.add(repaired.name)
-        deferred = _deferred(problem, repaired, min(end, time.monotonic() + _EARLY_DEFER_SHARE * time_limit_s))
+        deferred = _deferred(problem, repaired, min(settle, time.monotonic() + _EARLY_DEFER_SHARE * time_limit_s))
         if deferred is not None:
             early.append(deferred)
     warm_until = min(_warm_until(problem, began, time_limit_s), max(time.monotonic(), end - reserve))
@@ -123,7 +128,7 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         fastest = None  # far slower than a deferred start: no pass brings it back
     if fastest is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
         phase("deferring the W passes on the critical path", best)
-        deferred = _deferred(problem, fastest, min(end, time.monotonic() + reserve))
+        deferred = _deferred(problem, fastest, min(settle, time.monotonic() + reserve))
         if deferred is not None:
             candidates.append(deferred)
     return entries, candidates
