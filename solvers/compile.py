@@ -49,7 +49,7 @@ from .compare import Entry, best_fitting, compare
 from .milp import solve_milp
 from .registry import get_generator
 from .result import Judged, Progress, SolveResult, SolveStatus, fastest_fitting, gap
-from .starts import MIN_STEP_S, build_starts
+from .starts import MIN_STEP_S, build_starts, simulate_s
 from .recompute import mixed_neighbour, trade_for_offloads
 from .timegrid import choose_grid
 
@@ -177,7 +177,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     mixes_only = both_solved and start is not None and exact_model_fits(problem)
     hint = _mixed_hint(problem, candidates, start, end) if mixes_only else start
     # The answer is re-simulated after the solver returns (_verified): about 0.4 s at p = 32, m = 256.
-    reserve = _simulate_s(problem, start) if start is not None else 0.0
+    reserve = simulate_s(problem, start.schedule) if start is not None else 0.0
     left = max(0.0, time_limit_s - (time.monotonic() - began) - reserve)
     meets_bound = start is not None and start.timeline.makespan <= bound.value + _EPS
     # with a fitting start and no time left (p = 64, m = 512 at 60 s), the search is not begun:
@@ -249,13 +249,6 @@ def _guarded(what: str, warnings: list[str], bound: Bound, relax: Callable[[], B
     except _MODEL_ERRORS as error:
         warnings.append(f"the {what} bound was left out: it failed inside ({error!r}); please report this problem")
         return bound
-
-
-def _simulate_s(problem: Problem, judged: Judged) -> float:
-    """How long one simulation of ``judged``'s schedule takes here (s)."""
-    began = time.monotonic()
-    simulate(problem, judged.schedule)
-    return time.monotonic() - began
 
 
 def _verified(problem: Problem, solver: str, warnings: list[str], run: Callable[[], SolveResult | None]):

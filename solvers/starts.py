@@ -34,7 +34,7 @@ from .result import Judged, Progress, fastest_fitting
 from .warmstart import warm_starts
 from .wdefer import defer_critical_w, pays
 
-__all__ = ["MIN_STEP_S", "build_starts", "early_starts", "tight"]
+__all__ = ["MIN_STEP_S", "build_starts", "early_starts", "simulate_s", "tight"]
 
 # Of the time limit, for building the heuristics: past it the costly ones are left out, once one
 # fits (compare.py). At p = 64, v = 2, m = 512 they took 70 s (ZB-I's variants alone 47 s), and a
@@ -97,15 +97,16 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         phase("repairing the nearly fitting heuristics", baseline)
     early = early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
     # from 12 devices on W deferral moves the start most: the phases before it leave it its share
-    simulate_s = _simulate_s(problem, entries)
-    reserve = _defer_reserve(problem, time_limit_s, simulate_s)
-    settle = end - _SETTLE_SIMS * simulate_s  # a pass's last round, and compile's checks after, end by the limit
-    deferred_from: set[str] = set()  # the starts already deferred
+    plain = applicable(entries)
+    simulation_s = simulate_s(problem, plain[0].schedule) if plain else 0.0
+    reserve = _defer_reserve(problem, time_limit_s, simulation_s)
+    settle = end - _SETTLE_SIMS * simulation_s  # a pass's last round, and compile's checks after, end by the limit
     repaired = fastest_fitting(early or [])
+    deferred_first = None  # the start deferred before the variants
     if repaired is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
         # under a tight budget the repaired heuristic defers furthest: its own pass, before the variants
         phase("deferring the W passes of the repaired heuristic", repaired)
-        deferred_from.add(repaired.name)
+        deferred_first = repaired.name
         deferred = _deferred(problem, repaired, min(settle, time.monotonic() + _EARLY_DEFER_SHARE * time_limit_s))
         if deferred is not None:
             early.append(deferred)
@@ -113,7 +114,7 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     given = [Judged(f"given:{start.name}", start, simulate(problem, start)) for start in starts]
     phase("W-filled and offloaded variants", fastest_fitting([*given, *(early or []), *([baseline] if baseline else [])]))
     candidates = given + warm_starts(problem, entries, deadline=warm_until, bound_ms=bound.value,
-                                     capped=early is None, step_s=_VARIANT_SIMS * simulate_s) + (early or [])
+                                     capped=early is None, step_s=_VARIANT_SIMS * simulation_s) + (early or [])
     now = time.monotonic()
     if end - now > MIN_STEP_S:  # with no time left, the heuristics as they are
         phase("repairing the fastest that overflow", fastest_fitting(candidates))
@@ -123,7 +124,7 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
                                         deadline=repair_until)
     best = fastest_fitting(candidates)
-    fastest = fastest_fitting([c for c in candidates if c.name not in deferred_from and not c.name.endswith(_DEFERRED)])
+    fastest = fastest_fitting([c for c in candidates if c.name != deferred_first and not c.name.endswith(_DEFERRED)])
     if fastest is not None and fastest.timeline.makespan > _DEFER_WITHIN * best.timeline.makespan:
         fastest = None  # far slower than a deferred start: no pass brings it back
     if fastest is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
@@ -134,22 +135,20 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     return entries, candidates
 
 
-def _simulate_s(problem: Problem, entries: list[Entry]) -> float:
-    """How long one simulation of the first heuristic takes here (s; 0 when none applies)."""
-    plain = applicable(entries)
-    if not plain:
-        return 0.0
+def simulate_s(problem: Problem, schedule: Schedule) -> float:
+    """How long one simulation of ``schedule`` takes here (s): what the phases that simulate
+    once a round, and compile's check of its answer, must leave time for."""
     began = time.monotonic()
-    simulate(problem, plain[0].schedule)
+    simulate(problem, schedule)
     return time.monotonic() - began
 
 
-def _defer_reserve(problem: Problem, time_limit_s: float, simulate_s: float) -> float:
+def _defer_reserve(problem: Problem, time_limit_s: float, simulation_s: float) -> float:
     """The time W deferral is kept (s): _DEFER_SHARE of the limit, or _DEFER_ROUNDS simulations
     where that is more, up to _DEFER_MOST; 0 where compile does not defer."""
     if not pays(problem):
         return 0.0
-    return max(_DEFER_SHARE * time_limit_s, min(_DEFER_MOST * time_limit_s, _DEFER_ROUNDS * simulate_s))
+    return max(_DEFER_SHARE * time_limit_s, min(_DEFER_MOST * time_limit_s, _DEFER_ROUNDS * simulation_s))
 
 
 def _deferred(problem: Problem, start: Judged, deadline: float) -> Judged | None:

@@ -133,10 +133,10 @@ def deferred(problem: Problem, schedule: Schedule, timeline: Timeline, rule: Rou
     ended. The devices in ``skip`` keep their lists; ``path``: ``_Path.of(problem, timeline)``."""
     path = path or _Path.of(problem, timeline)
     lists = [list(ops) for ops in schedule.devices]
-    slack = list(path.slack)
-    moved = 0
     if rule.stretches == "final":
         return _final(schedule, path, rule, lists)
+    slack = list(path.slack)
+    moved = 0
     for device, ops in path.chosen(rule):
         ws = [t.op for t in ops if t.op.kind is _W]
         ws = ws[-rule.per_stretch:] if rule.last else ws[:rule.per_stretch]
