@@ -33,6 +33,8 @@ relaxation.
 
 from __future__ import annotations
 
+import time
+
 from ortools.sat.python import cp_model
 
 from optpipe.core.problem import Problem
@@ -68,13 +70,15 @@ def floor_relaxation_bound(problem: Problem, *, upper: Judged, floor: Bound,
     ``upper``: a fitting schedule, the hint, whose makespan ends the horizon: a faster schedule,
     the only kind that matters, ends within it. ``resolution_ms`` forces a unit (tests).
     """
+    began = time.monotonic()  # building the model counts: the devices' relaxation runs after it
     grid = choose_grid(problem, resolution_ms).floored()
     horizon = grid.up(upper.makespan_ms) + 1
     model = Model(problem, grid, full_scope(problem), horizon, min(grid.down(floor.value), horizon))
     if not model.memory_exact:
         return floor
     model.hint(*model_values(problem, grid, upper.schedule))
-    solver, code = solve_model(model, time_limit_s=time_limit_s, seed=seed, workers=workers, for_bound=True)
+    left = time_limit_s - (time.monotonic() - began)
+    solver, code = solve_model(model, time_limit_s=left, seed=seed, workers=workers, for_bound=True)
     if code == cp_model.OPTIMAL:
         units = solver.objective_value
     elif code == cp_model.FEASIBLE:
