@@ -47,7 +47,8 @@ def comparison_table(problem, entries) -> Table:
 def print_result(compiled) -> None:
     """The result table and what it means, in words."""
     console.print(result_table(compiled))
-    console.print(f"  {compiled.note}; lower bound: {compiled.lower_bound_reason}")
+    console.print(f"  {compiled.note} ({compiled.solve_time_s:.1f} s)")
+    console.print(f"  lower bound {compiled.lower_bound_ms:,.1f} ms: {compiled.lower_bound_reason}")
     for warning in compiled.warnings:
         console.print(f"  warning: {warning}")
     if compiled.resolution_ms:
@@ -56,23 +57,25 @@ def print_result(compiled) -> None:
 
 
 def result_table(compiled) -> Table:
+    """The answer and the best fitting heuristic, each a row whose second line says which it is;
+    the bound and the solve time, one figure each, are the lines under it (print_result), so the
+    table reads whole at 80 columns."""
     problem = compiled.problem
     table = Table(title=f"{markup_safe(problem.name)}: {problem.devices} devices, {problem.stages} stages, "
                         f"{problem.microbatches} microbatches, budget {format_size(problem.memory.budget)}")
-    for column in ("schedule", "makespan ms", "bubble", "peak memory", "offloaded", "lower bound ms", "gap",
-                   "solve s"):
-        table.add_column(column, justify="left" if column == "schedule" else "right")
+    table.add_column("schedule", justify="left", no_wrap=True)
+    for column in ("makespan ms", "bubble", "peak memory", "offloaded", "gap"):
+        table.add_column(column, justify="right")
     t = compiled.judged.timeline
-    table.add_row(f"[bold]{compiled.solver}[/] ({compiled.status.value})", f"{t.makespan:,.1f}",
-                  f"{t.bubble_ratio:.1%}", format_size(t.peak), str(compiled.offloaded),
-                  f"{compiled.lower_bound_ms:,.1f}", f"{compiled.gap:.2%}", f"{compiled.solve_time_s:.1f}")
+    table.add_row(f"[bold]{markup_safe(compiled.judged.name)}[/]\n[dim]{compiled.solver} ({compiled.status.value})[/]",
+                  f"{t.makespan:,.1f}", f"{t.bubble_ratio:.1%}", format_size(t.peak), str(compiled.offloaded),
+                  f"{compiled.gap:.2%}")
     base = compiled.baseline
     if base is not None:
         b = base.timeline
-        base_gap = gap(b.makespan, compiled.lower_bound_ms)
-        table.add_row(f"{base.name} (best fitting heuristic)", f"{b.makespan:,.1f}", f"{b.bubble_ratio:.1%}",
-                      format_size(b.peak), str(len(base.schedule.offloaded)), f"{compiled.lower_bound_ms:,.1f}",
-                      f"{base_gap:.2%}", "-")
+        table.add_row(f"{markup_safe(base.name)}\n[dim]best fitting heuristic[/]", f"{b.makespan:,.1f}",
+                      f"{b.bubble_ratio:.1%}", format_size(b.peak), str(len(base.schedule.offloaded)),
+                      f"{gap(b.makespan, compiled.lower_bound_ms):.2%}")
     else:
         table.caption = "no heuristic fits this budget"
     return table
