@@ -20,11 +20,15 @@ demo: setup
 
 # CI runs `make test`: the small form of every check. `make test-full` adds the slow cases and the
 # property tests' full, random example counts (see tests/conftest.py).
+# One test process per core (pytest-xdist), each module's tests on one of them, so a module's
+# fixtures (the gloo worlds) are built once: 296 s against 517 s in one process on 2 cores.
+XDIST := -n auto --dist loadscope
+
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 test-full: setup
-	OPTPIPE_FULL_TESTS=1 $(BIN)/python -m pytest
+	OPTPIPE_FULL_TESTS=1 $(BIN)/python -m pytest $(XDIST)
 
 bench: setup
 	$(BIN)/python -m benchmarks
