@@ -49,19 +49,20 @@ def _order(entry: Entry) -> tuple:
 
 
 def compare(problem: Problem, names: list[str] | None = None, *, deadline: float | None = None,
-            on_built: Callable[[Entry, int, int], None] | None = None) -> list[Entry]:
+            peak_cap: float | None = None, on_built: Callable[[Entry, int, int], None] | None = None) -> list[Entry]:
     """Every heuristic (or the named ones): fitting first, fastest first, then the misfits, then n/a.
 
     The cheaper generators are built first (``Generator.effort``; the slow capped fallbacks last
     of theirs). With ``deadline`` (time.monotonic(); compile's share of its time limit) variant
     searches stop at it with the fastest variant found (heuristics/_deadline.py), and once it
     has passed the generators not yet started are left out, listed with the reason, but only
-    when one built already fits: the deadline never costs the only schedule that fits.
+    when one built already fits: the deadline never costs the only schedule that fits. Orders
+    that peak above ``peak_cap`` (bytes) are built without their variants (_deadline.py).
     ``on_built(entry, k, n)``: called after each, for live progress."""
     order = sorted(generators(), key=lambda g: (g.effort, g.fallback))
     chosen = [g for g in order if names is None or g.name in names]
     entries: list[Entry] = []
-    with building_until(deadline):
+    with building_until(deadline, peak_cap):
         for k, generator in enumerate(chosen):
             if out_of_time() and any(e.fits for e in entries):
                 entry = Entry(generator.name, None, _LEFT_OUT)

@@ -45,7 +45,7 @@ from optpipe.core.simulate import Timeline, simulate
 from .offload_slots import activation_windows, add_hidden_offloads, add_offloads, round_trip_ms
 from .result import Judged
 
-__all__ = ["repair", "repair_candidates", "excess", "hold_back", "POLICIES"]
+__all__ = ["repair", "repair_candidates", "excess", "hold_back", "POLICIES", "REACH"]
 
 _F, _B, _W, _BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
 _EPS = 1e-9
@@ -54,6 +54,7 @@ _EPS = 1e-9
 POLICIES = ("hidden", "all", "none")
 _MAX_ROUNDS = 64
 _TIERS = (1.5, 2.5)  # peaks, in budgets, that make a start nearly fitting, then fairly close
+REACH = _TIERS[-1]  # past this many budgets a start is repaired only when no closer one is there
 _MORE_STARTS = 9  # further starts of the tier, repaired one at a time when the first ones leave time
 _STEPS = (1, None)  # forwards move one op a round (least time lost), or as far as the excess asks (fewer rounds)
 

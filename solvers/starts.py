@@ -29,7 +29,7 @@ from optpipe.core.simulate import simulate
 from .bounds import Bound
 from .capped_offload import capped_offload_starts
 from .compare import Entry, applicable, best_fitting, compare
-from .repair import repair_candidates
+from .repair import REACH, repair_candidates
 from .result import Judged, Progress, fastest_fitting
 from .warmstart import warm_starts
 from .wdefer import defer_critical_w, pays
@@ -89,7 +89,7 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     began, time_limit_s = clock
     end = began + time_limit_s
     entries = compare(problem, deadline=began + _HEURISTICS_SHARE * time_limit_s,
-                      on_built=_heuristics_line(report, bound, began))
+                      peak_cap=REACH * problem.memory.budget, on_built=_heuristics_line(report, bound, began))
     phase = lambda message, best: report(Progress(  # noqa: E731
         time.monotonic() - began, best.timeline.makespan if best else None, bound.value, f"warm starts: {message}"))
     baseline = best_fitting(entries)

@@ -8,7 +8,8 @@ import time
 from optpipe.core.problem import Offload
 from optpipe.core.schedule import Op, Schedule
 from optpipe.solvers.compare import compare
-from optpipe.solvers.heuristics._deadline import building_until, out_of_time
+from optpipe.core.simulate import simulate
+from optpipe.solvers.heuristics._deadline import building_until, out_of_time, variants_pay
 from optpipe.solvers.heuristics._greedy import cost_aware
 from optpipe.solvers.heuristics.zero_bubble import zb_h1_order
 from optpipe.solvers.registry import generators
@@ -69,6 +70,27 @@ def test_variant_searches_stop_at_the_deadline():
     assert not out_of_time()  # the deadline holds only inside
     with building_until(None):
         assert not out_of_time()
+
+
+def test_orders_past_the_peak_cap_get_no_variants():
+    """Variants keep their order's peak: past compile's cap (the farthest tier repairs prefer)
+    they could not become a start, so none is built; the cap holds only inside."""
+    from benchmarks.problem_grid import grid
+    from optpipe.solvers.heuristics.interleaved_zb import _device_order
+
+    problem = grid(0, True)[1]  # p = 4, v = 2, m = 16, uneven costs: ZB-I's variants reorder it
+    pipe = problem.pipeline
+    written = Schedule.of("ZB-I", [_device_order(pipe.devices, pipe.chunks_per_device, pipe.microbatches, d)
+                                   for d in range(pipe.devices)])
+    peak = simulate(problem, written).peak
+    assert cost_aware(problem, written) is not written
+    with building_until(None, peak_cap=peak - 1):
+        assert not variants_pay(peak) and cost_aware(problem, written) is written
+    with building_until(None, peak_cap=peak):
+        assert cost_aware(problem, written) is not written
+    assert variants_pay(peak)
+    built = _by_name(compare(problem, ["ZB-I"], peak_cap=peak - 1))["ZB-I"].judged.schedule
+    assert built.devices == written.devices
 
 
 def test_an_offload_problem_keeps_its_fitting_entries_sorted_first():

@@ -49,7 +49,7 @@ from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate
 
-from ._deadline import out_of_time
+from ._deadline import out_of_time, variants_pay
 from ._placed import Placed, StageCosts
 
 __all__ = ["GreedyPolicy", "greedy_schedule", "cost_aware", "POLICIES", "KEEP_POLICIES"]
@@ -278,12 +278,14 @@ def cost_aware(problem: Problem, base: Schedule, search: bool = True) -> Schedul
     Variants: ``base``'s F/B order with every W placed again at real costs (``keep_order``),
     and, with ``search``, the free list schedules of every policy. On the closed forms' own grid
     (F = B = W, p2p = 0) ``base`` is returned as it is. Ties keep ``base``. Past the build
-    deadline (``_deadline.py``) no further variant is tried.
+    deadline (``_deadline.py``) no further variant is tried, and none past its peak cap.
     """
     if _uniform(problem):
         return base
     timeline = simulate(problem, base)
     cap = timeline.peak
+    if not variants_pay(cap):
+        return base
     best, best_key = base, (timeline.makespan, cap)
     builds = [lambda policy=policy, after=after: greedy_schedule(base.name, problem, cap, policy, keep_order=base,
                                                                  free_after=after)

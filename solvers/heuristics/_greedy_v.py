@@ -18,7 +18,7 @@ from optpipe.core.problem import Costs, Problem
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate
 
-from ._deadline import out_of_time
+from ._deadline import out_of_time, variants_pay
 from ._placed import Placed
 
 __all__ = ["RoundPolicy", "ROUND_POLICIES", "v_rounds", "cost_aware_v"]
@@ -226,6 +226,8 @@ def cost_aware_v(problem: Problem, base: Schedule, warmup: Schedule, cap: int) -
     deadline (``_deadline.py``) no further round order is tried."""
     timeline = simulate(problem, base)
     best, best_key = base, (timeline.makespan, timeline.peak)
+    if not variants_pay(timeline.peak):
+        return best
     costs, stages = problem.costs, problem.stages
     views = [problem]
     if any(len(set(values)) > 1 for values in (costs.forward, costs.backward_input, costs.backward_weight)):

@@ -47,7 +47,7 @@ from optpipe.core.problem import Placement, Problem
 from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
 
-from ._deadline import out_of_time
+from ._deadline import out_of_time, variants_pay
 from ._register import register, require
 from ._greedy import _uniform, cost_aware
 from ._greedy_v import cost_aware_v
@@ -81,7 +81,7 @@ def _fastest(name: str, problem: Problem, block: VBlock) -> Schedule:
     best, best_key = default, None
     seen = {}  # several reorderings often give the same order: time each order once
     for how in REORDERS:
-        if out_of_time():
+        if out_of_time() or not variants_pay(cap):
             break
         candidate = default if how == REORDERS[0] else v_schedule(name, problem, block, how)
         if candidate.devices in seen:
