@@ -67,7 +67,9 @@ _DEFERRED = "+W-deferred"
 # (the pass stops by itself when no round pays): on grid22 (p = 32, v = 2, m = 64) PO-H repaired
 # (4,369.5 ms) defers to 4,100.6 in 34 s, where the variants' fastest start, GIS(g = 25) repaired
 # (4,314.4), reaches only 4,245.6 in 27 s; at 60 s compile had deferred the latter alone, from
-# 45 s, to 4,265.6 (6.9% above the bound).
+# 45 s, to 4,265.6 (6.9% above the bound). The share counts from the end of the heuristics'
+# share: once they came in under it (repair.REACH), a pass from their end had 30 s (4,115.1 ms),
+# one to 45 s 39 s (4,102.1).
 _EARLY_DEFER_SHARE = 0.5
 # ... and the fastest start not yet deferred after it, when within this factor of the fastest so
 # far: grid19's GIS(g = 13) with hidden offloads (7,037.3 ms) defers to 6,939.7, PO-H repaired
@@ -107,7 +109,9 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         # under a tight budget the repaired heuristic defers furthest: its own pass, before the variants
         phase("deferring the W passes of the repaired heuristic", repaired)
         deferred_first = repaired.name
-        deferred = _deferred(problem, repaired, min(settle, time.monotonic() + _EARLY_DEFER_SHARE * time_limit_s))
+        # half the limit from where the heuristics' share ends: time they save goes to this pass
+        heuristics_end = max(time.monotonic(), began + _HEURISTICS_SHARE * time_limit_s)
+        deferred = _deferred(problem, repaired, min(settle, heuristics_end + _EARLY_DEFER_SHARE * time_limit_s))
         if deferred is not None:
             early.append(deferred)
     warm_until = min(_warm_until(problem, began, time_limit_s), max(time.monotonic(), end - reserve))
