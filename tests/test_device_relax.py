@@ -88,8 +88,10 @@ def test_the_last_ranks_prove_more_than_the_analytic_bounds_at_m_8():
     last 4 ranks' memory and reloads 535.4 ms against the analytic 508.0 (compile finds 586.3)."""
     problem = generated(99, 4, 2, 8, 0.3, 1.6, seed=3)
     paths = data_paths(problem)
+    # proved in about 8 s alone, 16 s beside another test process; under a CPU hog as well 30 s
+    # was not enough: the limit only bounds a machine that slow, the proof returns at once
     relaxed = relaxed_device_bound(problem, 3, device_jobs(problem, paths, 3), paths.head, upper_ms=700.0,
-                                   time_limit_s=30.0, workers=2, last=4)
+                                   time_limit_s=120.0, workers=2, last=4)
     assert makespan_lower_bound(problem).value == pytest.approx(508.0, abs=0.05)
     assert relaxed.optimal and relaxed.bound_ms == pytest.approx(535.4, abs=0.05)
 
