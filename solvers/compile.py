@@ -172,8 +172,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     # The answer is re-simulated after the solver returns (_verified): about 0.4 s at p = 32,
     # m = 256, 3.7 s at p = 64, m = 512 with offloads. Timed first, so that the bound's
     # relaxations leave room for it too (timed after them, p = 64 returned 4 s past the limit).
-    timed = start is not None and end - time.monotonic() > MIN_STEP_S
-    reserve = simulate_s(problem, start.schedule) if timed else 0.0
+    reserve = simulate_s(problem, start.schedule) if start is not None and end - time.monotonic() > MIN_STEP_S else 0.0
     if start is not None:
         report(Progress(time.monotonic() - began, start.timeline.makespan, bound.value, f"warm start: {start.name}"))
         bound = _relaxed(problem, solver, start, bound, (began, end - reserve, time_limit_s), workers, seed, report,

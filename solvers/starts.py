@@ -99,8 +99,8 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         phase("repairing the nearly fitting heuristics", baseline)
     early = early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
     # from 12 devices on W deferral moves the start most: the phases before it leave it its share
-    plain = applicable(entries)
-    simulation_s = simulate_s(problem, plain[0].schedule) if plain else 0.0
+    heuristics = applicable(entries)
+    simulation_s = simulate_s(problem, heuristics[0].schedule) if heuristics else 0.0
     reserve = _defer_reserve(problem, time_limit_s, simulation_s)
     settle = end - _SETTLE_SIMS * simulation_s  # a pass's last round, and compile's checks after, end by the limit
     repaired = fastest_fitting(early or [])
@@ -124,8 +124,8 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         phase("repairing the fastest that overflow", fastest_fitting(candidates))
         repair_until = min(end, max(began + _REPAIR_SHARE * time_limit_s, now + _REPAIR_AFTER * time_limit_s),
                            max(now, end - reserve))
-        plain = {e.name for e in entries} if early is not None else set()  # repaired already
-        candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in plain],
+        repaired_early = {e.name for e in entries} if early is not None else set()
+        candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in repaired_early],
                                         deadline=repair_until)
     best = fastest_fitting(candidates)
     fastest = fastest_fitting([c for c in candidates if c.name != deferred_first and not c.name.endswith(_DEFERRED)])
