@@ -115,6 +115,10 @@ class Schedule:
     def compute(self, device: int) -> tuple[Op, ...]:
         return tuple(op for op in self.devices[device] if op.kind in COMPUTE_KINDS)
 
+    def compute_only(self) -> "Schedule":
+        """The same compute order without transfers: what offloaded variants of one order share."""
+        return Schedule(self.name, tuple(self.compute(d) for d in range(self.num_devices)))
+
     @property
     def offloaded(self) -> frozenset[tuple[int, int]]:
         """(stage, microbatch) pairs whose activation goes to the host."""

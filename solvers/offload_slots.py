@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 from optpipe.core.errors import ProblemError, ScheduleError
 from optpipe.core.problem import Problem
-from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS, duration_ms
 from optpipe.core.simulate import Timeline, op_times, simulate
 
@@ -110,7 +110,7 @@ def add_offloads(problem: Problem, schedule: Schedule, chosen: Iterable[tuple[in
     input is not changed.
     """
     pairs = (_check_pairs(problem, chosen) | schedule.offloaded) - schedule.recomputed  # kept, offloaded or recomputed
-    compute = _compute_only(schedule)
+    compute = schedule.compute_only()
     return _placed(problem, compute, pairs, simulate(problem, compute).by_op)
 
 
@@ -146,7 +146,7 @@ def add_hidden_offloads(problem: Problem, schedule: Schedule, candidates: Iterab
     one round per pair dropped, two simulations each; with ``deadline`` (``time.monotonic()``)
     it gives up (None) once that passes.
     """
-    compute = _compute_only(schedule)
+    compute = schedule.compute_only()
     timeline = simulate(problem, compute)
     due = {(t.op.stage, t.op.microbatch): t.start for t in timeline.timings
            if t.op.kind is _B or t.op.kind is _BW}
@@ -166,10 +166,6 @@ def add_hidden_offloads(problem: Problem, schedule: Schedule, candidates: Iterab
             return placed
         chosen -= {pair for _, pair in first_late.values()}
 
-
-def _compute_only(schedule: Schedule) -> Schedule:
-    return Schedule(schedule.name, tuple(tuple(op for op in ops if op.kind in COMPUTE_KINDS)
-                                         for ops in schedule.devices))
 
 
 def _offload_ends(problem: Problem, forwards: list[Op], by_op) -> dict[tuple[int, int], float]:

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 
 from optpipe.core.errors import OptpipeError
 from optpipe.core.problem import Problem
-from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
+from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.semantics import Place, effects
 from optpipe.core.simulate import Timeline, simulate
 
@@ -64,10 +64,6 @@ def excess(timeline: Timeline) -> int:
     budget = timeline.problem.memory.budget
     return sum(max(0, peak - budget) for peak in timeline.peak_memory)
 
-
-def _compute_only(schedule: Schedule) -> Schedule:
-    return Schedule(schedule.name, tuple(tuple(op for op in ops if op.kind in COMPUTE_KINDS)
-                                         for ops in schedule.devices))
 
 
 def _overflow_start(timeline: Timeline, device: int) -> float | None:
@@ -321,7 +317,7 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
         raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
     offload = problem.offload.enabled and policy != "none"
     name = name or f"{schedule.name}+repaired({policy})"
-    compute = _compute_only(schedule)
+    compute = schedule.compute_only()
     pairs = schedule.offloaded
     placed = schedule
     began = time.monotonic()
@@ -444,7 +440,7 @@ def _starts(problem: Problem, candidates: list[Judged], ceiling: float, most: in
                   key=lambda c: (_tier(c.timeline.peak / budget), c.timeline.makespan, c.timeline.peak))
     picked, seen = [], set()
     for c in over:
-        key = _compute_only(c.schedule).devices
+        key = c.schedule.compute_only().devices
         if key in seen:
             continue
         seen.add(key)
