@@ -11,7 +11,9 @@ of the time limit, every phase named on the live line.
 4. The fastest that still overflow, repaired (repair.py), with what is left of the repair share.
 5. From 12 devices on, the fastest that fits and has not been deferred, deferred, within a share
    of its own (more where simulations are slow): where the window search barely runs (p = 32,
-   m = 256) the passes are what moves the start.
+   m = 256) the passes are what moves the start. From 16 devices on, passes from the next
+   starts of other compute orders follow on both cores, up to the bound's reserve
+   (defer_starts.py): where a pass ends depends on its start.
 
 ``starts`` (schedules compile was given: a plan compiled earlier, or for a smaller budget) join
 the candidates as they are and are repaired with the rest.
@@ -29,10 +31,11 @@ from optpipe.core.simulate import simulate
 from .bounds import Bound
 from .capped_offload import capped_offload_starts
 from .compare import Entry, applicable, best_fitting, compare
+from .defer_starts import deferred as defer_one, deferred_starts
 from .repair import REACH, repair_candidates
 from .result import Judged, Progress, fastest_fitting
 from .warmstart import warm_starts
-from .wdefer import defer_critical_w, pays
+from .wdefer import pays
 
 __all__ = ["MIN_STEP_S", "build_starts", "early_starts", "simulate_s", "tight"]
 
@@ -62,7 +65,6 @@ _DEFER_SHARE = 0.25
 # limit: grid24's pass ends after about 50 rounds (24 s at 0.46 s a simulation, 26,708.3 ms), and
 # at 60 s the quarter left it at 26,826.2 after 15 s. Below p = 32, m = 256 the quarter is more.
 _DEFER_ROUNDS, _DEFER_MOST = 60, 0.5
-_DEFERRED = "+W-deferred"
 # Under a tight budget the repaired heuristic is deferred first, for up to this much of the limit
 # (the pass stops by itself when no round pays): on grid22 (p = 32, v = 2, m = 64) PO-H repaired
 # (4,369.5 ms) defers to 4,100.6 in 34 s, where the variants' fastest start, GIS(g = 25) repaired
@@ -71,10 +73,11 @@ _DEFERRED = "+W-deferred"
 # share: once they came in under it (repair.REACH), a pass from their end had 30 s (4,115.1 ms),
 # one to 45 s 39 s (4,102.1).
 _EARLY_DEFER_SHARE = 0.5
-# ... and the fastest start not yet deferred after it, when within this factor of the fastest so
-# far: grid19's GIS(g = 13) with hidden offloads (7,037.3 ms) defers to 6,939.7, PO-H repaired
-# (7,108.2) only to 6,991.0, which it beats before either pass by 0.5%.
-_DEFER_WITHIN = 1.05
+# ... and then the fastest start not yet deferred (defer_starts.py); from _WIDE devices on, where
+# the window search moves no start in a 60 s compile (grid17, 19 and 20 returned their deferred
+# start as it was), up to this many starts, until _BOUND_RESERVE of the limit is left for the
+# bound's relaxations (a few seconds there).
+_DEFER_STARTS, _BOUND_RESERVE = 6, 0.1
 # A warm-start variant takes about this many simulations (W-filling ZB-I at p = 32, m = 256: 18 in
 # 8.6 s); none is started that could not end before the variants' deadline.
 _VARIANT_SIMS = 10
@@ -111,7 +114,7 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         deferred_first = repaired.name
         # half the limit from where the heuristics' share ends: time they save goes to this pass
         heuristics_end = max(time.monotonic(), began + _HEURISTICS_SHARE * time_limit_s)
-        deferred = _deferred(problem, repaired, min(settle, heuristics_end + _EARLY_DEFER_SHARE * time_limit_s))
+        deferred = defer_one(problem, repaired, min(settle, heuristics_end + _EARLY_DEFER_SHARE * time_limit_s))
         if deferred is not None:
             early.append(deferred)
     warm_until = min(_warm_until(problem, began, time_limit_s), max(time.monotonic(), end - reserve))
@@ -127,15 +130,13 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         repaired_early = {e.name for e in entries} if early is not None else set()
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in repaired_early],
                                         deadline=repair_until)
-    best = fastest_fitting(candidates)
-    fastest = fastest_fitting([c for c in candidates if c.name != deferred_first and not c.name.endswith(_DEFERRED)])
-    if fastest is not None and fastest.timeline.makespan > _DEFER_WITHIN * best.timeline.makespan:
-        fastest = None  # far slower than a deferred start: no pass brings it back
-    if fastest is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
-        phase("deferring the W passes on the critical path", best)
-        deferred = _deferred(problem, fastest, min(settle, time.monotonic() + reserve))
-        if deferred is not None:
-            candidates.append(deferred)
+    if pays(problem) and end - time.monotonic() > MIN_STEP_S:
+        phase("deferring the W passes on the critical path", fastest_fitting(candidates))
+        until = min(settle, time.monotonic() + reserve)
+        if problem.devices >= _WIDE:  # the window search moves no start there: the passes get its time
+            until = min(settle, max(until, end - _BOUND_RESERVE * time_limit_s))
+        candidates += deferred_starts(problem, candidates, deferred_first, until,
+                                      _DEFER_STARTS if problem.devices >= _WIDE else 1, simulation_s, phase)
     return entries, candidates
 
 
@@ -153,15 +154,6 @@ def _defer_reserve(problem: Problem, time_limit_s: float, simulation_s: float) -
     if not pays(problem):
         return 0.0
     return max(_DEFER_SHARE * time_limit_s, min(_DEFER_MOST * time_limit_s, _DEFER_ROUNDS * simulation_s))
-
-
-def _deferred(problem: Problem, start: Judged, deadline: float) -> Judged | None:
-    """``start`` with its critical W passes deferred (wdefer.py), when that is faster."""
-    schedule, timeline = defer_critical_w(problem, start.schedule, start.timeline, deadline)
-    if timeline.makespan >= start.timeline.makespan:
-        return None
-    name = f"{start.name}{_DEFERRED}"
-    return Judged(name, schedule.renamed(name), timeline)
 
 
 def _heuristics_line(report: Callable[[Progress], None], bound: Bound,
