@@ -70,6 +70,7 @@ _RESTART_DEVICES = 12
 # most this share of the time left, and stops once this share passes with nothing better (at least
 # _MIN_STALL_S): on the recompute benchmark each reaches its 20 s answer in 2 to 5 s.
 _PURE_SHARE, _PURE_STALL, _MIN_STALL_S = 0.35, 0.15, 1.0
+_SEARCH_SIMS = 4  # the window search is begun only with this many simulations of the start left
 _RELAX_SHARE = 0.25  # of the time limit, at most, for the relaxations that raise the bound (_relaxed)
 # of that, for the whole model on a floor grid (floor_relax.py): on random problems of at most 160
 # compute ops it proved p = 6, m = 6 optimal in 2.5 s and p = 3, m = 9 in 6.5 s, where the search
@@ -184,8 +185,9 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     left = max(0.0, end - reserve - time.monotonic())
     meets_bound = start is not None and start.timeline.makespan <= bound.value + _EPS
     # with a fitting start and no time left (p = 64, m = 512 at 60 s), the search is not begun:
-    # setting it up alone takes seconds there
-    out_of_time = start is not None and left <= MIN_STEP_S
+    # setting it up alone takes seconds there, a few simulations' time (begun 0.6 s before the
+    # limit at p = 32, m = 256, it returned 0.8 s past it)
+    out_of_time = start is not None and left <= max(MIN_STEP_S, _SEARCH_SIMS * reserve)
     result = None if meets_bound or out_of_time else _verified(problem, solver, warnings, lambda: _run(
         problem, solver, hint, left, seed, workers, on_progress, bound, candidates, mixes_only=mixes_only,
         resolution_ms=resolution))

@@ -31,7 +31,7 @@ from optpipe.core.simulate import simulate
 from .bounds import Bound
 from .capped_offload import capped_offload_starts
 from .compare import Entry, applicable, best_fitting, compare
-from .defer_starts import deferred as defer_one, deferred_starts
+from .defer_starts import deferred as deferred_start, deferred_starts
 from .repair import REACH, repair_candidates
 from .result import Judged, Progress, fastest_fitting
 from .warmstart import warm_starts
@@ -100,12 +100,14 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     baseline = best_fitting(entries)
     if tight(problem, entries):
         phase("repairing the nearly fitting heuristics", baseline)
-    early = early_starts(problem, entries, min(end, time.monotonic() + _EARLY_REPAIR * time_limit_s))
-    # from 12 devices on W deferral moves the start most: the phases before it leave it its share
     heuristics = applicable(entries)
     simulation_s = simulate_s(problem, heuristics[0].schedule) if heuristics else 0.0
-    reserve = _defer_reserve(problem, time_limit_s, simulation_s)
     settle = end - _SETTLE_SIMS * simulation_s  # a pass's last round, and compile's checks after, end by the limit
+    # the early repairs end there too: at p = 64, m = 512, on a slow run of the heuristics (40 s of
+    # 60), repairs to the limit left compile's checks 3.4 s past it
+    early = early_starts(problem, entries, min(settle, time.monotonic() + _EARLY_REPAIR * time_limit_s))
+    # from 12 devices on W deferral moves the start most: the phases before it leave it its share
+    reserve = _defer_reserve(problem, time_limit_s, simulation_s)
     repaired = fastest_fitting(early or [])
     deferred_first = None  # the start deferred before the variants
     if repaired is not None and pays(problem) and end - time.monotonic() > MIN_STEP_S:
@@ -114,7 +116,7 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         deferred_first = repaired.name
         # half the limit from where the heuristics' share ends: time they save goes to this pass
         heuristics_end = max(time.monotonic(), began + _HEURISTICS_SHARE * time_limit_s)
-        deferred = defer_one(problem, repaired, min(settle, heuristics_end + _EARLY_DEFER_SHARE * time_limit_s))
+        deferred = deferred_start(problem, repaired, min(settle, heuristics_end + _EARLY_DEFER_SHARE * time_limit_s))
         if deferred is not None:
             early.append(deferred)
     warm_until = min(_warm_until(problem, began, time_limit_s), max(time.monotonic(), end - reserve))
@@ -133,9 +135,9 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
     if pays(problem) and end - time.monotonic() > MIN_STEP_S:
         phase("deferring the W passes on the critical path", fastest_fitting(candidates))
         until = min(settle, time.monotonic() + reserve)
-        if problem.devices >= _WIDE:  # the window search moves no start there: the passes get its time
-            until = min(settle, max(until, end - _BOUND_RESERVE * time_limit_s))
-        candidates += deferred_starts(problem, candidates, deferred_first, until,
+        # from 16 devices on the window search moves no start: the next starts' passes get its time
+        later = min(settle, end - _BOUND_RESERVE * time_limit_s)
+        candidates += deferred_starts(problem, candidates, deferred_first, (until, later),
                                       _DEFER_STARTS if problem.devices >= _WIDE else 1, simulation_s, phase)
     return entries, candidates
 

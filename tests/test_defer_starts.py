@@ -59,7 +59,7 @@ def _made(fork: bool, monkeypatch) -> list[Judged]:
     if not fork:
         monkeypatch.setattr(defer_starts.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     said = []
-    out = deferred_starts(PROBLEM, CANDIDATES, None, time.monotonic() + 60, 3, 0.0,
+    out = deferred_starts(PROBLEM, CANDIDATES, None, (time.monotonic() + 60,) * 2, 3, 0.0,
                           lambda message, best: said.append((message, best)))
     assert said and all(best is not None for _, best in said)  # the live line keeps an incumbent
     return out
@@ -96,5 +96,24 @@ def test_a_failing_other_process_leaves_this_one_s_passes(within, monkeypatch):
     assert "GIS" + DEFERRED in names and not any(n.startswith("GIS-H") for n in names)
 
 
-def test_a_passed_deadline_makes_nothing(within):
-    assert deferred_starts(PROBLEM, CANDIDATES, None, time.monotonic() - 1, 3, 0.0, lambda *_: None) == []
+def test_a_passed_deadline_makes_nothing_and_the_later_starts_keep_their_own(within):
+    assert deferred_starts(PROBLEM, CANDIDATES, None, (time.monotonic() - 1,) * 2, 3, 0.0, lambda *_: None) == []
+    first_only = deferred_starts(PROBLEM, CANDIDATES, None, (time.monotonic() + 60, time.monotonic() - 1), 3, 0.0,
+                                 lambda *_: None)
+    assert [c.name for c in first_only] == ["GIS" + DEFERRED]
+
+
+def test_a_late_other_process_is_not_waited_for_past_the_deadline(within, monkeypatch):
+    parent, real = os.getpid(), defer_starts.deferred
+
+    def late_there(problem, start, deadline):
+        if os.getpid() != parent:
+            time.sleep(30)
+        return real(problem, start, deadline)
+
+    monkeypatch.setattr(defer_starts, "deferred", late_there)
+    began = time.monotonic()
+    made = deferred_starts(PROBLEM, CANDIDATES, None, (began + 2.0,) * 2, 3, 0.0, lambda *_: None)
+    assert time.monotonic() - began < 6.0  # the deadline, the forked process stopped, and no more
+    names = [c.name for c in made]
+    assert "GIS" + DEFERRED in names and not any(n.startswith("GIS-H") for n in names)
