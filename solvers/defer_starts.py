@@ -107,8 +107,8 @@ class Pending:
         return Pending(process, ours, deadline)
 
     def answer(self, problem: Problem) -> Judged | None:
-        """The pass's fitting schedule, judged again here; None when it made none, failed, died
-        or is late."""
+        """The passes' fastest fitting schedule, judged again here; None when they made none, or
+        the process failed, died or is late."""
         if self.process is None:
             return self.made
         try:
