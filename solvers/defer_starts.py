@@ -145,11 +145,12 @@ def _pool(problem: Problem, candidates: list[Judged], skip: str | None) -> list[
     budget, most = problem.memory.budget, _WITHIN * best.timeline.makespan
     pool, seen = [], set()
     for start in [first] + [c for c in plain if c is not first and c.timeline.peak <= _NEARLY * budget]:
-        order = start.schedule.compute_only().devices
-        if start.timeline.makespan > most or order in seen:
+        if start.timeline.makespan > most:
             continue
-        seen.add(order)
-        pool.append(start)
+        order = start.schedule.compute_only().devices  # the whole schedule's ops: only for those in reach
+        if order not in seen:
+            seen.add(order)
+            pool.append(start)
     return pool
 
 

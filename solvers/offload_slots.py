@@ -167,7 +167,6 @@ def add_hidden_offloads(problem: Problem, schedule: Schedule, candidates: Iterab
         chosen -= {pair for _, pair in first_late.values()}
 
 
-
 def _offload_ends(problem: Problem, forwards: list[Op], by_op) -> dict[tuple[int, int], float]:
     """The D2H channel runs offloads in F order, each from max(F end, previous offload end)."""
     ends = {}

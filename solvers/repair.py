@@ -65,7 +65,6 @@ def excess(timeline: Timeline) -> int:
     return sum(max(0, peak - budget) for peak in timeline.peak_memory)
 
 
-
 def _overflow_start(timeline: Timeline, device: int) -> float | None:
     """The first time ``device`` holds more than the budget."""
     budget = timeline.problem.memory.budget

@@ -46,8 +46,9 @@ _CAPS = (1.0, 1.5, 2.5)  # W-filling memory caps, as multiples of the budget (1.
 # the time: grid19 6,932.6 ms at 60 s against 6,933.7, grid17 4,027.5 against 4,029.2.
 _LOOSE_BELOW = 16
 # A GIS group within this factor of the fastest fitting candidate still gets its offloaded
-# versions: near ties defer differently (starts.py), and grid19's GIS(g=14) (7,037.7 ms against
-# GIS(g=13)'s 7,037.3, both fitting with hidden offloads) defers to 6,908.9 ms where g = 13 gives 6,939.7.
+# versions: near ties defer differently (defer_starts.py), and grid19's GIS(g=14) (7,037.7 ms
+# against GIS(g=13)'s 7,037.3, both fitting with hidden offloads) defers to 6,908.9 ms where
+# g = 13 gives 6,939.7.
 _NEAR_TIE = 1.005
 
 
@@ -205,8 +206,8 @@ class _Build:
         as they are, then W-filled under the budget in the order of their makespans, then, fastest
         first, the offloaded versions of those faster than every fitting candidate so far, or
         nearly as fast (_NEAR_TIE; offloading never makes a schedule faster). A group between the
-        two trades warm-up depth for memory in finer steps: GIS(8) + hidden offload takes 1,499.9 ms at p = 12, v = 2,
-        m = 24, k = 1.6, 0.3 budget, where PO-H takes 1,522.3."""
+        two trades warm-up depth for memory in finer steps: GIS(8) + hidden offload takes 1,499.9
+        ms at p = 12, v = 2, m = 24, k = 1.6, 0.3 budget, where PO-H takes 1,522.3."""
         pipe, problem = self.problem.pipeline, self.problem
         if pipe.placement is not Placement.INTERLEAVED or pipe.chunks_per_device < 2:
             return True
