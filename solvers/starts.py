@@ -8,7 +8,9 @@ of the time limit, every phase named on the live line.
    on, the fastest of those with the W passes on its critical path deferred into later idle
    gaps (wdefer.py) at once: the repaired heuristic defers further than the variants' starts.
 3. The warm-start variants (warmstart.py): W-filled, offloaded, GIS's group sizes.
-4. The fastest that still overflow, repaired (repair.py), with what is left of the repair share.
+4. The fastest that still overflow, repaired (repair.py), with what is left of the repair share;
+   then, below 12 devices with two or more chunks per device, the fastest fitting starts with
+   deeper fills (fill_depth.py).
 5. From 12 devices on, the fastest that fits and has not been deferred, deferred, within a share
    of its own (more where simulations are slow): where the window search barely runs (p = 32,
    m = 256) the passes are what moves the start. From 16 devices on, passes from the next
@@ -32,6 +34,7 @@ from .bounds import Bound
 from .capped_offload import capped_offload_starts
 from .compare import Entry, applicable, best_fitting, compare
 from .defer_starts import deferred as deferred_start, deferred_starts
+from .fill_depth import deeper_fills, fill_depth_applies
 from .repair import REACH, repair_candidates
 from .result import Judged, Progress, fastest_fitting
 from .warmstart import warm_starts
@@ -78,6 +81,9 @@ _EARLY_DEFER_SHARE = 0.5
 # start as it was), up to this many starts, until _BOUND_RESERVE of the limit is left for the
 # bound's relaxations (a few seconds there).
 _DEFER_STARTS, _BOUND_RESERVE = 6, 0.1
+# Of the time limit, at most, for the deeper fills (fill_depth.py): on the grid's rows they apply to
+# (p <= 8) they took 0.1 to 1.1 s.
+_FILL_SHARE = 0.05
 # A warm-start variant takes about this many simulations (W-filling ZB-I at p = 32, m = 256: 18 in
 # 8.6 s); none is started that could not end before the variants' deadline.
 _VARIANT_SIMS = 10
@@ -132,6 +138,9 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
         repaired_early = {e.name for e in entries} if early is not None else set()
         candidates += repair_candidates(problem, [c for c in candidates if c.fits or c.name not in repaired_early],
                                         deadline=repair_until)
+    if fill_depth_applies(problem) and end - time.monotonic() > MIN_STEP_S:
+        phase("deeper fills", fastest_fitting(candidates))
+        candidates += deeper_fills(problem, candidates, deadline=min(end, time.monotonic() + _FILL_SHARE * time_limit_s))
     if pays(problem) and end - time.monotonic() > MIN_STEP_S:
         phase("deferring the W passes on the critical path", fastest_fitting(candidates))
         until = min(settle, time.monotonic() + reserve)

@@ -34,7 +34,7 @@ from .offload_slots import add_hidden_offloads, add_offloads, offloadable
 from .result import Judged
 from .wfill import fill_with_w
 
-__all__ = ["warm_starts", "one_at_a_time"]
+__all__ = ["warm_starts", "one_at_a_time", "offloaded_variants"]
 
 # GIS's group sizes are built first from this many devices on, with at most this many microbatches a device
 _GROUPS_FIRST, _GROUPS_FIRST_DEPTH = 24, 4
@@ -196,7 +196,7 @@ class _Build:
             if self.stop():
                 return False
             plain = self.plain[n]
-            variants = self._timed(lambda: _offloaded(self.problem, plain.name, plain.schedule, plain.timeline,
+            variants = self._timed(lambda: offloaded_variants(self.problem, plain.name, plain.schedule, plain.timeline,
                                                       self.deadline))
             self.built.extend(((2, n, k), v) for k, v in enumerate(variants))
         return True
@@ -233,7 +233,7 @@ class _Build:
                 break
             if self.stop():
                 return False
-            variants = self._timed(lambda: _offloaded(problem, base.name, base.schedule, base.timeline, self.deadline,
+            variants = self._timed(lambda: offloaded_variants(problem, base.name, base.schedule, base.timeline, self.deadline,
                                                       hidden_if_fits=True))
             self.built.extend(((*key, 1 + k), v) for k, v in enumerate(variants))
         return True
@@ -272,7 +272,7 @@ class _Build:
         self.built.append(((3, rank, c, 0), filled))
         if problem.offload.enabled:
             self.built.extend(((3, rank, c, 1 + k), v) for k, v in enumerate(
-                _offloaded(problem, filled.name, filled.schedule, filled.timeline, self.deadline)))
+                offloaded_variants(problem, filled.name, filled.schedule, filled.timeline, self.deadline)))
 
 
 def _w_filled(problem: Problem, plain: Judged, cap: float = 1.0) -> Judged | None:
@@ -286,7 +286,7 @@ def _w_filled(problem: Problem, plain: Judged, cap: float = 1.0) -> Judged | Non
     return Judged(name, filled.renamed(name), simulate(problem, filled))
 
 
-def _offloaded(problem: Problem, name: str, schedule: Schedule, timeline: Timeline,
+def offloaded_variants(problem: Problem, name: str, schedule: Schedule, timeline: Timeline,
                deadline: float | None = None, hidden_if_fits: bool = False) -> list[Judged]:
     """The two offloaded variants; the hidden one is dropped when it cannot be placed by ``deadline``,
     and with ``hidden_if_fits`` when offloading everything peaks over 1.1 x the budget: hiding
