@@ -46,6 +46,7 @@ from optpipe.core.units import format_size
 
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
 from .compare import Entry, best_fitting, compare
+from .fill_depth import was_deepened
 from .milp import solve_milp
 from .registry import get_generator
 from .result import Judged, Progress, SolveResult, SolveStatus, fastest_fitting, gap
@@ -435,7 +436,7 @@ def _family(name: str) -> tuple[str, bool]:
     another basin for the search. On grid06 (p = 6, v = 3, m = 18) the deepened start (3,042.9 ms,
     against 3,058.2) took the original's place as the only PO-H start and 60 s compiles ended at
     1.94, 3.06 and 2.98% above the bound, against 1.93 to 2.46% from the original in five."""
-    return name.split("+")[0], "+fill(" in name
+    return name.split("+")[0], was_deepened(name)
 
 
 def _better(result: SolveResult | None, start: Judged | None) -> Judged | None:

@@ -31,14 +31,16 @@ from optpipe.core.simulate import simulate
 from .result import Judged
 from .warmstart import offloaded_variants
 
-__all__ = ["deeper_fills", "deepened", "fill_depth_applies"]
+__all__ = ["deeper_fills", "deepened", "fill_depth_applies", "was_deepened"]
 
 _BELOW_DEVICES = 12  # measured to pay below this many devices only, where the window search runs long
 _STARTS = 4  # the fastest fitting starts of different compute orders deepened
 _MOST_EXTRA = 4  # up to this many more first-chunk forwards a device
+_MARK = "+fill("  # in a deepened schedule's name: "+fill(2)", two more a device
 
 
 def fill_depth_applies(problem: Problem) -> bool:
+    """Whether compile tries deeper fills on ``problem`` (see the module docstring)."""
     return problem.devices < _BELOW_DEVICES and problem.pipeline.chunks_per_device >= 2
 
 
@@ -59,7 +61,12 @@ def deepened(schedule: Schedule, extra: int) -> Schedule:
         moved = set(later)
         rest = [op for n, op in enumerate(ops) if n not in moved]
         rows.append(rest[:turn] + [ops[n] for n in later] + rest[turn:])
-    return Schedule.of(f"{schedule.name}+fill({extra})", rows)
+    return Schedule.of(f"{schedule.name}{_MARK}{extra})", rows)
+
+
+def was_deepened(name: str) -> bool:
+    """Whether the start of this name had its fill deepened here (or came from one that had)."""
+    return _MARK in name
 
 
 def deeper_fills(problem: Problem, candidates: list[Judged], deadline: float | None = None) -> list[Judged]:

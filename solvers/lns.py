@@ -9,7 +9,7 @@ a complete schedule and improves it piece by piece:
    it are free to change order, offload decisions (for activations whose F and B both fall in
    it) and transfer slots; ops before it keep their times; the ops of the next few windows
    keep their order but are re-timed, so the model sees what the window does downstream; the
-   rest is summed up as the compute each device still has to do;
+   rest is summed up as the compute each device still has to do (window.py);
 3. solve that model exactly with cpsat.py (memory and ASAP timing exact), minimising the latest
    device end plus the compute still to come, then the sum of device ends;
 4. splice the result into the schedule, re-simulate, and keep it when the makespan is no worse
@@ -51,12 +51,11 @@ from typing import Callable, Sequence
 from ortools.sat.python import cp_model
 
 from optpipe.core.problem import Problem
-from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
-from optpipe.core.semantics import TOLERANCE_MS, duration_ms
+from optpipe.core.schedule import Schedule
+from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.simulate import Timeline, simulate
 
-from .cpsat import Model, Scope, solve_model
-from .decode import schedule_from_starts
+from .cpsat import Model, solve_model
 from .exchange import Peer
 from .moves import improve_by_moves
 from .neighbourhoods import KINDS as WINDOW_KINDS
@@ -65,6 +64,7 @@ from .recompute import flip_decisions
 from .result import Judged, Progress
 from .timegrid import Grid, choose_grid
 from .wdefer import defer_critical_w, pays as defer_pays
+from .window import offloaded_pairs, splice, window_scope
 
 __all__ = ["improve", "Search", "KINDS", "search_score"]
 
@@ -94,7 +94,6 @@ _FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute 
 # 631.8 ms schedule reached 593.2, 591.1 and 603.4 ms within 30 s.
 _FRESH_SHARE, _FRESH_MIN_S = 0.15, 5.0
 
-_F, _B, _W, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
 _EPS = TOLERANCE_MS
 
 
@@ -114,109 +113,6 @@ def search_score(timeline: Timeline) -> tuple[float, float]:
         ends[t.device] = max(ends[t.device], t.end)
     return (round(timeline.makespan, 6), round(sum(ends), 6))
 
-
-def _regions(timeline: Timeline, t0: float, t1: float, t2: float) -> dict[Op, int]:
-    """Each schedule op's region: 0 before the window, 1 in it, 2 following it, 3 after that.
-
-    A compute op goes by its start. A transfer goes with the compute op it is listed after (its
-    issue point), so that the ops of a region keep their list order; one that starts before t0
-    stays fixed, and one issued before t0 that starts later joins the window.
-    """
-    region: dict[Op, int] = {}
-    by_device: dict[int, list] = {}
-    for t in timeline.timings:
-        by_device.setdefault(t.device, []).append(t)
-    for timings in by_device.values():
-        issue = 0
-        for t in timings:
-            start = t.start
-            if t.op.kind in COMPUTE_KINDS:
-                issue = 0 if start < t0 - _EPS else 1 if start < t1 - _EPS else 2 if start < t2 - _EPS else 3
-                region[t.op] = issue
-            else:
-                region[t.op] = 0 if start < t0 - _EPS else max(issue, 1)
-    return region
-
-
-def _model_op(problem: Problem, grid: Grid, op: Op, start: float) -> list[tuple[Op, int]]:
-    """A schedule op in model terms, with its start in units rounded up like every model time
-    (timegrid.py): a fused BW is B then W."""
-    if op.kind is not _BW:
-        return [(op, grid.up(start))]
-    b, w = Op(_B, op.stage, op.microbatch), Op(_W, op.stage, op.microbatch)
-    return [(b, grid.up(start)), (w, grid.up(start) + grid.up(duration_ms(problem, b)))]
-
-
-def _scope(problem: Problem, timeline: Timeline, grid: Grid, t0: float, t1: float,
-           t2: float, free: frozenset[int] | None = None,
-           microbatches: range | None = None) -> tuple[Scope, dict[Op, int]]:
-    """The window [t0, t1), re-timed ops up to t2, as a model scope; and the hint (current starts).
-
-    With ``free``, only those devices' ops in the window are free; the other devices' ops there
-    keep their list order and are re-timed, like the ops after the window. With
-    ``microbatches``, the window's compute ops of the other microbatches keep their list order
-    (``Scope.chains``) and their pairs their offload decisions (their transfers may change
-    slots); the free ops may go anywhere between them.
-    """
-    pipe = problem.pipeline
-    region = _regions(timeline, t0, t1, t2)
-    if free is not None:
-        device = {t.op: t.device for t in timeline.timings}
-        region = {op: 2 if where == 1 and device[op] not in free else where for op, where in region.items()}
-    offloaded = frozenset((t.op.stage, t.op.microbatch) for t in timeline.timings if t.op.kind is _OFF)
-    fixed, inside, window = {}, {}, set()
-    rest = [0] * pipe.devices
-    follow: list[list[Op]] = [[] for _ in range(pipe.devices)]
-    for t in timeline.timings:
-        where = region[t.op]
-        for op, units in _model_op(problem, grid, t.op, t.start):
-            if where == 0:
-                fixed[op] = units
-            elif where in (1, 2):
-                inside[op] = units
-                if where == 2:
-                    follow[t.device].append(op)
-                else:
-                    window.add(op)
-            elif op.kind in COMPUTE_KINDS:
-                rest[t.device] += grid.up(duration_ms(problem, op))
-    pairs = frozenset((op.stage, op.microbatch) for op in window if op.kind is _F
-                      and Op(_B, op.stage, op.microbatch) in window
-                      and (microbatches is None or op.microbatch in microbatches)) if problem.offload.enabled else frozenset()
-    compute = frozenset(op for op in window if op.kind in COMPUTE_KINDS)
-    transfers = frozenset(op for op in window if op.kind in (_OFF, _REL) and (op.stage, op.microbatch) not in pairs)
-    chains = () if microbatches is None else tuple(_held(problem, timeline, grid, window, microbatches))
-    scope = Scope(compute=compute, open_pairs=pairs, offloaded=offloaded - pairs, transfers=transfers,
-                  fixed=fixed, t0=grid.down(t0), rest=tuple(rest), follow=tuple(tuple(ops) for ops in follow),
-                  chains=chains)
-    return scope, inside
-
-
-def _held(problem: Problem, timeline: Timeline, grid: Grid, window: set[Op],
-          microbatches: range) -> list[tuple[Op, ...]]:
-    """Per device, the window's compute ops of the other microbatches, in list order (model terms)."""
-    chains: list[list[Op]] = [[] for _ in range(problem.devices)]
-    for t in timeline.timings:
-        if t.op.kind in COMPUTE_KINDS and t.op.microbatch not in microbatches:
-            chains[t.device] += [op for op, _ in _model_op(problem, grid, t.op, t.start) if op in window]
-    return [tuple(chain) for chain in chains if len(chain) > 1]
-
-
-def _splice(problem: Problem, timeline: Timeline, scope: Scope, modelled: frozenset[Op], solved: dict[Op, int],
-            grid: Grid, shift: float) -> Schedule:
-    """Ops before the window as they were, the window and what follows as solved (transfers the
-    solution drops are gone), the rest after them in their order."""
-    starts: dict[Op, float] = {}
-    for t in timeline.timings:
-        op = t.op
-        key = Op(_B, op.stage, op.microbatch) if op.kind is _BW else op
-        if key in scope.fixed:
-            starts[op] = t.start
-        elif key not in modelled:
-            starts[op] = t.start + shift  # after every re-timed op, order kept
-    for op, units in solved.items():
-        starts[op] = grid.ms(units)
-    return schedule_from_starts(problem, timeline.schedule_name, starts)
 
 
 @dataclass
@@ -238,7 +134,6 @@ class _State:
     last_size: int = 0  # ops per device of the last neighbourhood
     deep_size: int = DEEP_SIZE  # the deep warm-up's size (``deep_warm_up``)
     defer_next: bool = False  # a window made the schedule faster: defer W passes next (_neighbourhood)
-    refreshed: int = 0  # times the search forgot what it had learnt (refresh)
 
     def refresh(self, per_device: int) -> None:
         """Forget what the search learnt at its incumbent and before (which kinds pay, the
@@ -249,7 +144,6 @@ class _State:
         self.retries.clear()
         self.tabu.clear()
         self.size, self.cursor, self.gained, self.deep_size = per_device, 0.0, False, DEEP_SIZE
-        self.refreshed += 1
 
 
 def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: int = 0,
@@ -483,14 +377,14 @@ class _Context:
             if isinstance(hood, str):
                 self._moves(state, hood, min(deadline, time.monotonic() + (_DEFER_S if hood == "defer" else _MOVES_S)))
                 continue
-            scope, inside = _scope(problem, state.timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices,
+            scope, inside = window_scope(problem, state.timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices,
                                    hood.microbatches)
             state.solved += 1
             state.tries[hood.kind] = state.tries.get(hood.kind, 0) + 1
             if not scope.compute:
                 continue
             model = Model(problem, grid, scope, grid.up(state.timeline.makespan) + 1)
-            model.hint(inside, scope.offloaded | (scope.open_pairs & _offloaded(state.timeline)))
+            model.hint(inside, scope.offloaded | (scope.open_pairs & offloaded_pairs(state.timeline)))
             limit = self.window_limit_s * _LIMIT_FACTOR.get(hood.kind, 2)
             left = deadline - time.monotonic() - overhead
             if left <= 0.05:
@@ -504,7 +398,7 @@ class _Context:
             self.deep_s += solve_s if hood.kind == DEEP else 0.0
             gained = False
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                candidate = _splice(problem, state.timeline, scope, frozenset(model.start), model.values(solver),
+                candidate = splice(problem, state.timeline, scope, frozenset(model.start), model.values(solver),
                                     grid, state.timeline.makespan + 1.0)
                 gained = self._keep(state, hood.kind, candidate, simulate(problem, candidate))
             if not gained:
@@ -514,7 +408,3 @@ class _Context:
             self._report(state, hood.describe())
             overhead = max(overhead, time.monotonic() - iteration - solve_s)
         return state
-
-
-def _offloaded(timeline: Timeline) -> frozenset[tuple[int, int]]:
-    return frozenset((t.op.stage, t.op.microbatch) for t in timeline.timings if t.op.kind is _OFF)

@@ -140,7 +140,8 @@ def build_starts(problem: Problem, starts: Sequence[Schedule], bound: Bound, clo
                                         deadline=repair_until)
     if fill_depth_applies(problem) and end - time.monotonic() > MIN_STEP_S:
         phase("deeper fills", fastest_fitting(candidates))
-        candidates += deeper_fills(problem, candidates, deadline=min(end, time.monotonic() + _FILL_SHARE * time_limit_s))
+        fill_until = min(end, time.monotonic() + _FILL_SHARE * time_limit_s)
+        candidates += deeper_fills(problem, candidates, deadline=fill_until)
     if pays(problem) and end - time.monotonic() > MIN_STEP_S:
         phase("deferring the W passes on the critical path", fastest_fitting(candidates))
         until = min(settle, time.monotonic() + reserve)

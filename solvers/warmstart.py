@@ -196,8 +196,8 @@ class _Build:
             if self.stop():
                 return False
             plain = self.plain[n]
-            variants = self._timed(lambda: offloaded_variants(self.problem, plain.name, plain.schedule, plain.timeline,
-                                                      self.deadline))
+            variants = self._timed(lambda: offloaded_variants(self.problem, plain.name, plain.schedule,
+                                                              plain.timeline, self.deadline))
             self.built.extend(((2, n, k), v) for k, v in enumerate(variants))
         return True
 
@@ -233,8 +233,8 @@ class _Build:
                 break
             if self.stop():
                 return False
-            variants = self._timed(lambda: offloaded_variants(problem, base.name, base.schedule, base.timeline, self.deadline,
-                                                      hidden_if_fits=True))
+            variants = self._timed(lambda: offloaded_variants(problem, base.name, base.schedule, base.timeline,
+                                                              self.deadline, hidden_if_fits=True))
             self.built.extend(((*key, 1 + k), v) for k, v in enumerate(variants))
         return True
 
@@ -287,7 +287,7 @@ def _w_filled(problem: Problem, plain: Judged, cap: float = 1.0) -> Judged | Non
 
 
 def offloaded_variants(problem: Problem, name: str, schedule: Schedule, timeline: Timeline,
-               deadline: float | None = None, hidden_if_fits: bool = False) -> list[Judged]:
+                       deadline: float | None = None, hidden_if_fits: bool = False) -> list[Judged]:
     """The two offloaded variants; the hidden one is dropped when it cannot be placed by ``deadline``,
     and with ``hidden_if_fits`` when offloading everything peaks over 1.1 x the budget: hiding
     offloads fewer, so it rarely fits then (on the grid it never did), and it is the slow one to

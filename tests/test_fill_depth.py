@@ -67,3 +67,17 @@ def test_deeper_fills_fit_and_beat_the_fastest_start_where_the_fill_idles():
 def test_no_deeper_fill_without_a_fitting_start():
     problem = uniform_problem(4, 8, v=2, budget=10, offload=Offload(True, 1e5, 1e5, 10**9))
     assert deeper_fills(problem, [j for e in compare(problem) if (j := e.judged) is not None and not j.fits]) == []
+
+
+def test_a_deepened_start_is_a_family_of_its_own_for_the_restarts():
+    from optpipe.solvers.compile import _restarts
+
+    problem = uniform_problem(4, 8, v=2)
+    plain = get_generator("1F1B-I").build(problem)
+    timeline = simulate(problem, plain)
+    original = Judged("PO-H+W(1)", plain.renamed("PO-H+W(1)"), timeline)
+    deeper = deepened(plain, 1)
+    assert deeper.name.endswith("+fill(1)")
+    start = Judged("PO-H+W(1)+fill(1)", deeper.renamed("PO-H+W(1)+fill(1)"), simulate(problem, deeper))
+    same_family = Judged("PO-H+offload", plain.renamed("PO-H+offload"), timeline)
+    assert _restarts(problem, start, [start, original, same_family]) == [original.schedule]

@@ -138,7 +138,7 @@ def test_a_microbatch_neighbourhood_frees_only_its_microbatches():
     """The slice's other ops keep their order and offload decisions; the model still finds a
     schedule (the current one is a solution) that fits when spliced in."""
     from optpipe.solvers.cpsat import Model, solve_model
-    from optpipe.solvers.lns import _scope, _splice
+    from optpipe.solvers.window import splice as _splice, window_scope as _scope
     from optpipe.solvers.timegrid import choose_grid
 
     timeline = _fitting(OFFLOAD)[0].timeline
