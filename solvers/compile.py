@@ -435,7 +435,8 @@ def _family(name: str) -> tuple[str, bool]:
     """A start's heuristic, and whether its fill was deepened (fill_depth.py): a deeper fill is
     another basin for the search. On grid06 (p = 6, v = 3, m = 18) the deepened start (3,042.9 ms,
     against 3,058.2) took the original's place as the only PO-H start and 60 s compiles ended at
-    1.94, 3.06 and 2.98% above the bound, against 1.93 to 2.46% from the original in five."""
+    1.94, 3.06 and 2.98% above the bound, against 1.93 to 2.46% from the original in five (a
+    search refresh, since taken out, was on in most of them: design.md, "Deeper fills")."""
     return name.split("+")[0], was_deepened(name)
 
 

@@ -13,7 +13,8 @@ never makes a schedule faster (grid09, p = 8, v = 2, m = 24: 2.3 s for nothing b
 
 On grid04 (p = 6, v = 2, m = 12, k = 0.6) PO-H + W(1) + offload takes 837.1 ms; with two more
 forwards and offloaded again, 820.8. The window search from it reached 797.1 ms (bound 794.1) in
-both of two 48 s runs, where compile at 60 s, from 837.1, ended between 806.8 and 823.1 in five.
+both of two 48 s runs, where compile at 60 s, from 837.1, ended between 806.8 and 823.1 in five
+(those runs had a search refresh on that was then taken out: design.md, "Deeper fills").
 Only below _BELOW_DEVICES devices: on grid14 (p = 12) the fastest deepened start took 1,490.0
 ms against the W-deferred start's 1,446.4, and at p = 32 (grid24) listing more first-chunk
 forwards overflowed and gained nothing (design.md, "Why no steady-state block solver").

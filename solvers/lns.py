@@ -25,10 +25,8 @@ move a W out of every stretch of the critical path at once (wdefer.py), which al
 window makes the schedule faster: a re-timed stretch often leaves a W on the new critical path
 (design.md, "W passes on the critical path"). The portfolio's second search also solves the whole warm-up
 in long windows (``deep_warm_up``). Kinds that pay are picked more often (seeded); a neighbourhood solved
-without gain is not solved again at the same incumbent, and a kind's retries look at larger slices. A search
-that stops shortening the makespan forgets all of that and goes on from its incumbent as a new one would
-(``_State.refresh``): what it learnt on the way to a plateau is what keeps it there. Every accepted step is
-simulated, fits, and is no worse than the incumbent.
+without gain is not solved again at the same incumbent, and a kind's retries look at larger slices. Every
+accepted step is simulated, fits, and is no worse than the incumbent.
 
 Restarts: with other warm starts, each gets a share of the time first; the search then goes on from the best
 of them, trading incumbents with a second search when compile runs two (portfolio.py: one per core; ``peer``).
@@ -87,12 +85,6 @@ _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
 # within their noise.
 _LIMIT_FACTOR = {"sweep": 1, "idle": 1, "random": 1, "bottleneck": 5, DEEP: 5}
 _FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute flips after the windows
-# A search that has not shortened the makespan for this share of its time (at least _FRESH_MIN_S)
-# forgets what it learnt about its neighbourhoods and goes on from its incumbent as a new search
-# would (_State.refresh): on grid08 (p = 8, m = 16, k = 2) 60 s compiles ended anywhere from 590.9
-# to 631.8 ms, the slow ones with 15 to 20 s of nothing at the end, and new searches from the
-# 631.8 ms schedule reached 593.2, 591.1 and 603.4 ms within 30 s.
-_FRESH_SHARE, _FRESH_MIN_S = 0.15, 5.0
 
 _EPS = TOLERANCE_MS
 
@@ -134,16 +126,6 @@ class _State:
     last_size: int = 0  # ops per device of the last neighbourhood
     deep_size: int = DEEP_SIZE  # the deep warm-up's size (``deep_warm_up``)
     defer_next: bool = False  # a window made the schedule faster: defer W passes next (_neighbourhood)
-
-    def refresh(self, per_device: int) -> None:
-        """Forget what the search learnt at its incumbent and before (which kinds pay, the
-        windows solved without gain, how large they have grown): a stalled search then goes on
-        as a new one from the same incumbent would."""
-        self.tries.clear()
-        self.gains.clear()
-        self.retries.clear()
-        self.tabu.clear()
-        self.size, self.cursor, self.gained, self.deep_size = per_device, 0.0, False, DEEP_SIZE
 
 
 def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: int = 0,
@@ -356,15 +338,8 @@ class _Context:
         # What a window costs besides its solve (scope, model, splice, simulate; about a second each at
         # p = 32, m = 256): no window starts, and no solve runs, into the time that needs at the end.
         overhead = 0.0
-        fresh_after = max(_FRESH_MIN_S, _FRESH_SHARE * (deadline - time.monotonic()))
-        best_ms, gained_at = state.timeline.makespan, time.monotonic()
         while (left := deadline - time.monotonic() - overhead) > 0.05 and (windows is None or windows[0] > 0):
             iteration = time.monotonic()
-            if state.timeline.makespan < best_ms - _EPS:
-                best_ms, gained_at = state.timeline.makespan, iteration
-            elif iteration - gained_at > fresh_after and not self.deterministic:
-                state.refresh(self.per_device)
-                gained_at = iteration
             if self.peer is not None:
                 self._trade(state)
                 if self.peer.stopped:
