@@ -128,7 +128,10 @@ def test_rounded_transfers_resimulate_no_slower_and_within_budget():
 def test_window_search_never_worse_and_improves():
     po_f = next(e for e in compare(WITH_OFFLOAD) if e.name == "PO-F")  # 30 ms; the optimum is 28
     start, before = po_f.judged.schedule, po_f.judged.makespan_ms
-    search = improve(WITH_OFFLOAD, start, time_limit_s=3.0, workers=2, seed=1)
+    # deterministic (a fixed count of windows, CP-SAT's deterministic time): a 3 s wall-clock search
+    # found nothing once under the full suite's load
+    search = improve(WITH_OFFLOAD, start, time_limit_s=60.0, workers=1, seed=2, deterministic=True,
+                     max_windows=12, window_limit_s=0.5)
     assert search.best.fits
     assert search.best.makespan_ms < before
     assert simulate(WITH_OFFLOAD, search.best.schedule).makespan == search.best.makespan_ms
