@@ -27,7 +27,7 @@ from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import simulate
 
 from .repair import repair
-from .result import Judged, fastest_fitting
+from .result import Judged, fastest_fitting, one_per_compute_order
 from .wdefer import defer_critical_w
 
 __all__ = ["DEFERRED", "deferred", "deferred_starts"]
@@ -143,15 +143,9 @@ def _pool(problem: Problem, candidates: list[Judged], skip: str | None) -> list[
     if best is None or first is None:
         return []
     budget, most = problem.memory.budget, _WITHIN * best.timeline.makespan
-    pool, seen = [], set()
-    for start in [first] + [c for c in plain if c is not first and c.timeline.peak <= _NEARLY * budget]:
-        if start.timeline.makespan > most:
-            continue
-        order = start.schedule.compute_only().devices  # the whole schedule's ops: only for those in reach
-        if order not in seen:
-            seen.add(order)
-            pool.append(start)
-    return pool
+    near = [first] + [c for c in plain if c is not first and c.timeline.peak <= _NEARLY * budget]
+    # a compute order takes the whole schedule's ops: only for those in reach
+    return list(one_per_compute_order(start for start in near if start.timeline.makespan <= most))
 
 
 def _passes(problem: Problem, pool: list[Judged], ceiling: float, deadlines: tuple[float, float], simulation_s: float,

@@ -23,13 +23,14 @@ forwards overflowed and gained nothing (design.md, "Why no steady-state block so
 from __future__ import annotations
 
 import time
+from itertools import islice
 
 from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import OpKind, Schedule
 from optpipe.core.simulate import simulate
 
-from .result import Judged
+from .result import Judged, one_per_compute_order
 from .warmstart import offloaded_variants
 
 __all__ = ["deeper_fills", "deepened", "fill_depth_applies", "was_deepened"]
@@ -77,14 +78,10 @@ def deeper_fills(problem: Problem, candidates: list[Judged], deadline: float | N
     if not fill_depth_applies(problem):
         return []
     out: list[Judged] = []
-    orders: set = set()
     fitting = sorted((c for c in candidates if c.fits), key=lambda c: c.timeline.makespan)
     fastest = fitting[0].timeline.makespan if fitting else float("inf")
-    for start in fitting:
+    for start in islice(one_per_compute_order(fitting), _STARTS):
         order = start.schedule.compute_only().devices
-        if order in orders:
-            continue
-        orders.add(order)
         for extra in range(1, _MOST_EXTRA + 1):
             if deadline is not None and time.monotonic() > deadline:
                 return out
@@ -101,6 +98,4 @@ def deeper_fills(problem: Problem, candidates: list[Judged], deadline: float | N
             variants = offloaded_variants(problem, schedule.name, schedule, timeline, deadline) \
                 if problem.offload.enabled else []
             out += [j for j in (plain, *variants) if j.fits]
-        if len(orders) == _STARTS:
-            break
     return out

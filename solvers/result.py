@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from optpipe.core.schedule import Schedule
 from optpipe.core.simulate import Timeline
 
-__all__ = ["Judged", "fastest_fitting", "gap", "SolveStatus", "SolveResult", "Progress"]
+__all__ = ["Judged", "fastest_fitting", "one_per_compute_order", "gap", "SolveStatus", "SolveResult", "Progress"]
 
 
 def gap(makespan_ms: float | None, bound_ms: float | None) -> float | None:
@@ -62,6 +62,17 @@ def fastest_fitting(judged: Iterable[Judged]) -> Judged | None:
     """The fastest that fits (ties: the first listed, so a plain heuristic beats its variants)."""
     fitting = [j for j in judged if j.fits]
     return min(fitting, key=lambda j: j.timeline.makespan) if fitting else None
+
+
+def one_per_compute_order(judged: Iterable[Judged]) -> Iterator[Judged]:
+    """The first of each compute order, in the order given: variants that differ only in their
+    transfers are one start to a pass that reorders compute (defer_starts.py, fill_depth.py)."""
+    seen = set()
+    for j in judged:
+        order = j.schedule.compute_only().devices
+        if order not in seen:
+            seen.add(order)
+            yield j
 
 
 class SolveStatus(str, Enum):

@@ -62,8 +62,9 @@ def test_the_device_that_sets_the_bound_is_solved_again_on_a_finer_grid(monkeypa
 
 
 def test_compile_reports_the_bound():
-    """At any size (grid01 is too large for the other relaxations) compile asks for it."""
-    compiled = compile_problem(_grid01(), time_limit_s=4.0, workers=2)
+    """At any size (grid01 is too large for the other relaxations) compile asks for it. 8 s: at 4 s
+    the warm starts (deeper fills among them) left the relaxation too little under the suite's load."""
+    compiled = compile_problem(_grid01(), time_limit_s=8.0, workers=2)
     assert compiled.lower_bound_ms >= 890.1
     assert compiled.lower_bound_ms <= compiled.makespan_ms + _EPS
 
