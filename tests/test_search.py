@@ -176,3 +176,48 @@ def test_a_window_that_gains_is_followed_by_w_deferral():
     for k in gains:
         if k + 1 < len(seen):
             assert "critical W passes deferred" in seen[k + 1], seen
+
+
+def test_a_stalled_search_forgets_what_it_learnt_and_stays_never_worse(monkeypatch):
+    from optpipe.solvers import lns
+
+    calls = []
+    refresh = lns._State.refresh
+
+    def counted(state, per_device):
+        state.tabu.add(("seen", 0))  # whatever it held is gone after the real refresh
+        state.size = per_device + 5
+        refresh(state, per_device)
+        calls.append((len(state.tabu), state.size, dict(state.tries), state.cursor))
+
+    monkeypatch.setattr(lns._State, "refresh", counted)
+    monkeypatch.setattr(lns, "_FRESH_MIN_S", 0.0)
+    monkeypatch.setattr(lns, "_FRESH_SHARE", 0.0)  # every window without a gain is a stall
+    start = list(reversed(_fitting(PLAIN)))[0]  # the fastest: little or nothing to gain
+    search = improve(PLAIN, start.schedule, time_limit_s=2.0, workers=1, seed=2, window_limit_s=0.2)
+    assert calls, "the search never refreshed"
+    assert all(entry == (0, 4, {}, 0.0) for entry in calls)  # per_device's default is 4
+    assert search.best.fits
+    assert search.best.makespan_ms <= start.timeline.makespan + 1e-9
+
+
+def test_a_deterministic_search_never_refreshes(monkeypatch):
+    from optpipe.solvers import lns
+
+    monkeypatch.setattr(lns, "_FRESH_MIN_S", 0.0)
+    monkeypatch.setattr(lns, "_FRESH_SHARE", 0.0)
+    monkeypatch.setattr(lns._State, "refresh", lambda state, per_device: pytest.fail("refreshed"))
+    start = _fitting(OFFLOAD)[0]
+    improve(OFFLOAD, start.schedule, time_limit_s=30.0, workers=1, seed=3, max_windows=6, deterministic=True,
+            window_limit_s=0.5)
+
+
+def test_a_search_told_not_to_refresh_never_does(monkeypatch):
+    from optpipe.solvers import lns
+
+    monkeypatch.setattr(lns, "_FRESH_MIN_S", 0.0)
+    monkeypatch.setattr(lns, "_FRESH_SHARE", 0.0)
+    monkeypatch.setattr(lns._State, "refresh", lambda state, per_device: pytest.fail("refreshed"))
+    start = list(reversed(_fitting(PLAIN)))[0]
+    search = improve(PLAIN, start.schedule, time_limit_s=1.0, workers=1, seed=2, window_limit_s=0.2, refresh=False)
+    assert search.best.fits
