@@ -25,10 +25,8 @@ move a W out of every stretch of the critical path at once (wdefer.py), which al
 window makes the schedule faster: a re-timed stretch often leaves a W on the new critical path
 (design.md, "W passes on the critical path"). The portfolio's second search also solves the whole warm-up
 in long windows (``deep_warm_up``). Kinds that pay are picked more often (seeded); a neighbourhood solved
-without gain is not solved again at the same incumbent, and a kind's retries look at larger slices. A search
-that stops shortening the makespan forgets all of that and goes on from its incumbent as a new one would
-(``_State.refresh``): what it learnt on the way to a plateau is what keeps it there. Every accepted step is
-simulated, fits, and is no worse than the incumbent.
+without gain is not solved again at the same incumbent, and a kind's retries look at larger slices. Every
+accepted step is simulated, fits, and is no worse than the incumbent.
 
 Restarts: with other warm starts, each gets a share of the time first; the search then goes on from the best
 of them, trading incumbents with a second search when compile runs two (portfolio.py: one per core; ``peer``).
@@ -87,17 +85,6 @@ _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
 # within their noise.
 _LIMIT_FACTOR = {"sweep": 1, "idle": 1, "random": 1, "bottleneck": 5, DEEP: 5}
 _FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute flips after the windows
-# A search that has not shortened the makespan for this share of its time (at least _FRESH_MIN_S)
-# forgets what it learnt about its neighbourhoods and goes on from its incumbent as a new search
-# would (_State.refresh): on grid08 (p = 8, m = 16, k = 2) 60 s compiles ended anywhere from 590.9
-# to 631.8 ms, the slow ones with 15 to 20 s of nothing at the end, and new searches from the
-# 631.8 ms schedule reached 593.2, 591.1 and 603.4 ms within 30 s. With both of the portfolio's
-# searches refreshing, nine 60 s compiles of grid08 ended 0.11% to 2.15% above the bound; with the
-# second alone, 0.36% to 4.05% in seven (3 of 7 above 2%). balanced-p4-m8-tight, once thought to
-# lose its 563 ms optimum to the refresh (572 ms in two benchmark runs), reached it in 3 of 3 compiles
-# refreshing and 2 of 3 not: it ends at 572 whenever CP-SAT's whole model misses 563 in its first
-# seconds and the grown windows miss it later.
-_FRESH_SHARE, _FRESH_MIN_S = 0.15, 5.0
 
 _EPS = TOLERANCE_MS
 
@@ -139,18 +126,6 @@ class _State:
     last_size: int = 0  # ops per device of the last neighbourhood
     deep_size: int = DEEP_SIZE  # the deep warm-up's size (``deep_warm_up``)
     defer_next: bool = False  # a window made the schedule faster: defer W passes next (_neighbourhood)
-    refreshed: int = 0  # times the search forgot what it had learnt (``refresh``)
-
-    def refresh(self, per_device: int) -> None:
-        """Forget what the search learnt at its incumbent and before (which kinds pay, the
-        windows solved without gain, how large they have grown): a stalled search then goes on
-        as a new one from the same incumbent would."""
-        self.tries.clear()
-        self.gains.clear()
-        self.retries.clear()
-        self.tabu.clear()
-        self.size, self.cursor, self.gained, self.deep_size = per_device, 0.0, False, DEEP_SIZE
-        self.refreshed += 1
 
 
 def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: int = 0,
@@ -158,8 +133,7 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
             window_limit_s: float = 2.0, on_progress: Callable[[Progress], None] | None = None,
             bound_ms: float | None = None, restarts: Sequence[Schedule] = (), restart_share: float = 0.4,
             kinds: Sequence[str] = KINDS, max_windows: int | None = None,
-            deterministic: bool = False, peer: Peer | None = None, deep_warm_up: bool = False,
-            refresh: bool = True) -> Search:
+            deterministic: bool = False, peer: Peer | None = None, deep_warm_up: bool = False) -> Search:
     """Improve a fitting schedule neighbourhood by neighbourhood until the time limit (or
     ``bound_ms``, or ``max_windows``); never worse than ``schedule``, and always fitting.
 
@@ -173,8 +147,7 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     (exchange.py, portfolio.py). ``deep_warm_up``: below 12 devices with two or more chunks per
     device, solve the whole warm-up in long windows before anything else (after the restarts),
     again at every new incumbent, with at most half the time (``deep_applies``; the portfolio
-    gives it to its second search). ``refresh``: a search stalled for _FRESH_SHARE of its time
-    starts learning afresh from its incumbent (never in ``deterministic`` mode).
+    gives it to its second search).
     """
     if schedule.recomputed:  # window models place no RECOMPUTE (issue 14): the choices are searched by flips
         return _flips(problem, schedule, time.monotonic() + time_limit_s, random.Random(seed))
@@ -194,7 +167,6 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     context.peer = peer
     # after the restarts: a deep window outlasts a restart's share
     context.deep, context.deep_from = deep_warm_up and deep_applies(problem), time.monotonic()
-    context.refresh = refresh and not deterministic
     best = context.search(best, flips_from, windows)
     if peer is not None:
         peer.flush()
@@ -238,7 +210,6 @@ class _Context:
     deep_from: float = 0.0  # when they began
     deep_s: float = 0.0  # CP-SAT time spent on them
     peer: Peer | None = None
-    refresh: bool = False  # a stalled search forgets what it learnt (``improve``'s ``refresh``)
 
     def state(self, schedule: Schedule, timeline: Timeline) -> _State:
         return _State(schedule, timeline, search_score(timeline), self.per_device)
@@ -367,15 +338,8 @@ class _Context:
         # What a window costs besides its solve (scope, model, splice, simulate; about a second each at
         # p = 32, m = 256): no window starts, and no solve runs, into the time that needs at the end.
         overhead = 0.0
-        fresh_after = max(_FRESH_MIN_S, _FRESH_SHARE * (deadline - time.monotonic()))
-        best_ms, gained_at = state.timeline.makespan, time.monotonic()
         while (left := deadline - time.monotonic() - overhead) > 0.05 and (windows is None or windows[0] > 0):
             iteration = time.monotonic()
-            if state.timeline.makespan < best_ms - _EPS:
-                best_ms, gained_at = state.timeline.makespan, iteration
-            elif self.refresh and iteration - gained_at > fresh_after:
-                state.refresh(self.per_device)
-                gained_at = iteration
             if self.peer is not None:
                 self._trade(state)
                 if self.peer.stopped:
