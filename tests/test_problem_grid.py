@@ -39,3 +39,45 @@ def test_solver_quality_lists_of_numbers_are_checked_on_the_command_line(capsys)
             main(argv)
         assert exit_.value.code == 2
         assert "error:" in capsys.readouterr().err
+
+
+def test_solver_quality_repeat_is_checked_on_the_command_line(capsys):
+    from benchmarks.solver_quality import main
+
+    for argv in (["--grid", "--repeat", "0"], ["--grid", "--repeat", "two"], ["--repeat", "3"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        assert "error:" in capsys.readouterr().err
+
+
+def test_stability_counts_each_rows_runs_within_two_percent():
+    from benchmarks.solver_quality import stability
+
+    def row(problem, gap, limit=60.0, status="feasible"):
+        return {"problem": problem, "gap": gap, "time_limit_s": limit, "status": status}
+
+    rows = [row("a", 0.03), row("a", 0.01), row("a", 0.02), row("a", 0.025),
+            row("b", 0.0), row("b", 0.0, limit=10.0), row("c", None, status="infeasible")]
+    spread = {(s["problem"], s["time_limit_s"]): s for s in stability(rows)}
+    assert set(spread) == {("a", 60.0), ("b", 60.0), ("b", 10.0)}  # an infeasible run has no gap to count
+    a = spread[("a", 60.0)]
+    assert (a["runs"], a["within_2_percent"]) == (4, 2)  # exactly 2% counts as within
+    assert (a["best_gap"], a["median_gap"], a["worst_gap"]) == (0.01, 0.02, 0.03)  # lower middle of four
+    assert spread[("b", 10.0)]["runs"] == 1
+
+
+def test_a_repeated_grid_run_compiles_each_problem_again_with_the_next_seed(monkeypatch):
+    import benchmarks.solver_quality as quality
+
+    saved = {}
+    seeds = []
+    real_row = quality._row
+    monkeypatch.setattr(quality, "save", lambda name, rows, **meta: saved.update(name=name, rows=rows, **meta))
+    monkeypatch.setattr(quality, "_row", lambda problem, limit, seed: seeds.append(seed) or real_row(problem, limit, seed))
+    rows = quality.run_grid([5.0], seed=0, only="grid00,nothing-by-this-name", repeat=2)
+    assert seeds == [0, 1]
+    assert [r["run"] for r in rows] == [0, 1] and {r["problem"] for r in rows} == {"grid00-p4-v1-m8-b0.5-k1"}
+    assert saved["name"] == "solver_quality_grid_only_repeat" and saved["runs"] == 2
+    (spread,) = saved["stability"]
+    assert spread["runs"] == 2 and spread["within_2_percent"] == 2  # grid00 is solved to optimality
