@@ -31,24 +31,17 @@ def test_with_budgets_scales_the_budget_and_nothing_else():
         assert same == problem
 
 
-def test_solver_quality_lists_of_numbers_are_checked_on_the_command_line(capsys):
+@pytest.mark.parametrize("argv", [
+    ["--grid", "--budgets", "x"], ["--grid", "--time-limits", "0,5"], ["--budgets", "1,2"],
+    ["--grid", "--repeat", "0"], ["--grid", "--repeat", "two"], ["--repeat", "3"],
+])
+def test_solver_quality_checks_its_command_line(argv, capsys):
     from benchmarks.solver_quality import main
 
-    for argv in (["--grid", "--budgets", "x"], ["--grid", "--time-limits", "0,5"], ["--budgets", "1,2"]):
-        with pytest.raises(SystemExit) as exit_:
-            main(argv)
-        assert exit_.value.code == 2
-        assert "error:" in capsys.readouterr().err
-
-
-def test_solver_quality_repeat_is_checked_on_the_command_line(capsys):
-    from benchmarks.solver_quality import main
-
-    for argv in (["--grid", "--repeat", "0"], ["--grid", "--repeat", "two"], ["--repeat", "3"]):
-        with pytest.raises(SystemExit) as exit_:
-            main(argv)
-        assert exit_.value.code == 2
-        assert "error:" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "error:" in capsys.readouterr().err
 
 
 def test_stability_counts_each_rows_runs_within_two_percent():
