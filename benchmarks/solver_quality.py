@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--grid", action="store_true", help="run the generated grid instead of the instances")
     parser.add_argument("--time-limits", type=_positives, default=[10.0, 30.0, 60.0], metavar="S,S,...",
-                        help="with --grid: seconds per problem, one run each (default 10,30,60)")
+                        help="with --grid: seconds per problem, one run each unless --repeat (default 10,30,60)")
     parser.add_argument("--large", action="store_true", help="with --grid: add the p = 32, m = 256 problem")
     parser.add_argument("--only", default="", metavar="TEXT",
                         help="with --grid: only the problems whose names contain TEXT (for example p8-v3, or "
