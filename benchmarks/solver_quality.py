@@ -176,7 +176,7 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only:
                       f"where the heuristic is >1% above the bound {cut} (target 50%), never worse than the best "
                       f"heuristic: "
                       f"{'yes' if t['never_worse_than_heuristic'] else 'NO'}")
-    name = "solver_quality_grid" + ("_budgets" if budgets else "_only" if only else "") + ("_repeat" if spread else "")
+    name = "solver_quality_grid" + ("_budgets" if budgets else "_only" if only else "") + ("_repeat" if repeat > 1 else "")
     save(name, rows, time_limits_s=time_limits, seed=seed, summary=totals, only=only or None,
          budget_factors=budgets or None, runs=repeat, stability=spread)
     return rows

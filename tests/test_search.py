@@ -138,7 +138,7 @@ def test_a_microbatch_neighbourhood_frees_only_its_microbatches():
     """The slice's other ops keep their order and offload decisions; the model still finds a
     schedule (the current one is a solution) that fits when spliced in."""
     from optpipe.solvers.cpsat import Model, solve_model
-    from optpipe.solvers.window import splice as _splice, window_scope as _scope
+    from optpipe.solvers.window import splice, window_scope
     from optpipe.solvers.timegrid import choose_grid
 
     timeline = _fitting(OFFLOAD)[0].timeline
@@ -146,7 +146,7 @@ def test_a_microbatch_neighbourhood_frees_only_its_microbatches():
     free = hood.microbatches
     assert free
     grid = choose_grid(OFFLOAD)
-    scope, inside = _scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices, free)
+    scope, inside = window_scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices, free)
     assert scope.chains and not any(op.microbatch in free for chain in scope.chains for op in chain)
     assert any(op.microbatch in free for op in scope.compute)
     assert all(i in free for _, i in scope.open_pairs)
@@ -154,7 +154,7 @@ def test_a_microbatch_neighbourhood_frees_only_its_microbatches():
     model.hint(inside, scope.offloaded)
     solver, code = solve_model(model, time_limit_s=10.0, seed=0, workers=1)
     assert solver.StatusName(code) in ("OPTIMAL", "FEASIBLE")
-    spliced = _splice(OFFLOAD, timeline, scope, frozenset(model.start), model.values(solver), grid,
+    spliced = splice(OFFLOAD, timeline, scope, frozenset(model.start), model.values(solver), grid,
                       timeline.makespan + 1.0)
     for chain in scope.chains:  # held ops in the order they had
         device = OFFLOAD.pipeline.device_of(chain[0].stage)
