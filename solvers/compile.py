@@ -82,6 +82,10 @@ _FLOOR_SHARE = 0.75
 # all: a greedy solution of their ends says they cannot raise the bound). grid09 (p = 8, v = 2,
 # m = 24): 1,747.8 to 1,792.9 ms in 0.5 s, where compile finds about 1,824.
 _ENDS_SHARE = 0.25
+# of what the ends leave, for each device's ends solved with the devices that feed it
+# (fill_relax.py; up to 8 devices), the smaller share where the relaxations above also run:
+# grid09's bound 1,793.7 to 1,800.5 ms and grid06's 2,918.5 to 2,926.8, each in about 5 s.
+_FED_SHARE = (0.5, 0.25)
 _SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solved on a rounded grid
 # The whole model, when it fits, runs until it finds nothing better for this share of the time
 # limit; the window search then has the rest. On grid08 (p = 8, m = 16, k = 2, 48 compute ops
@@ -224,6 +228,7 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
     from .device_relax import relaxation_applies, relaxation_bound  # lazy: loads OR-Tools
     from .ends_relax import ends_applies, ends_bound  # lazy: loads OR-Tools
     from .floor_relax import floor_relaxation_applies, floor_relaxation_bound  # lazy: loads OR-Tools
+    from .fill_relax import fed_applies, fed_bound  # lazy: loads OR-Tools
 
     if ends_applies(problem):  # at any size: each device's two ends, solved exactly
         small = floor_relaxation_applies(problem) or relaxation_applies(problem)
@@ -234,6 +239,12 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
         report(Progress(time.monotonic() - began, upper, bound.value, "bound: devices' ends solved exactly"))
         if small:  # the other two keep their shares: the ends take a fraction of a second where they prove
             until = min(end, until + time.monotonic() - now)
+    if fed_applies(problem) and upper > bound.value + _EPS:  # the ends again, each with its feeders
+        share = _FED_SHARE[relaxation_applies(problem) or floor_relaxation_applies(problem)]
+        bound = _guarded("feeders' ends", warnings, bound, lambda: fed_bound(
+            problem, floor=bound, time_limit_s=share * (until - time.monotonic()), upper_ms=upper, workers=workers,
+            seed=seed))
+        report(Progress(time.monotonic() - began, upper, bound.value, "bound: ends solved with their feeders"))
     if floor_relaxation_applies(problem) and upper > bound.value + _EPS:  # the whole model, where its grid proves nothing
         bound = _guarded("whole model's floor-grid", warnings, bound, lambda: floor_relaxation_bound(
             problem, upper=start, floor=bound, time_limit_s=_FLOOR_SHARE * (until - time.monotonic()),

@@ -300,7 +300,11 @@ class _Model:
         self.window, self.unit = window, window / units
         self.end = self.up(window)
         self.cp = cp_model.CpModel()
-        self.compute, self.transfers, self.events, self.credits = [], [], [], []
+        # per device: its compute line, its D2H (or, seen backwards, H2D) channel, its memory events
+        self.compute: dict[int, list] = {}
+        self.transfers: dict[int, list] = {}
+        self.events: dict[int, list] = {}
+        self.credits = []
         self.ops: dict[tuple, tuple] = {}  # (chain, rank) -> (present, start)
 
     def down(self, ms: float) -> int:
@@ -309,9 +313,13 @@ class _Model:
     def up(self, ms: float) -> int:
         return math.ceil(ms / self.unit + _ROUND)
 
-    def chain(self, key: tuple, chain: _Chain) -> None:
-        """Its ranks: a prefix of them in the window, one after another, each credited with the
-        part of it in the window, each perhaps followed by its transfer."""
+    def chain(self, key: tuple, chain: _Chain, device: int = 0, credited: bool = True) -> None:
+        """Its ranks: a prefix of them in the window, one after another, each perhaps followed by
+        its transfer, on ``device``'s compute line, channel and memory; each ``credited`` with the
+        part of it in the window (fill_relax.py models upstream devices whose busy time is not
+        asked for)."""
+        compute, transfers = self.compute.setdefault(device, []), self.transfers.setdefault(device, [])
+        events = self.events.setdefault(device, [])
         # An op longer than the window fills it; a transfer as long ends after it, where it frees
         # nothing the window sees: both cut to the window (more room, so still a relaxation).
         cp, end = self.cp, self.end
@@ -323,21 +331,22 @@ class _Model:
             present = cp.new_bool_var("")
             start = cp.new_int_var(min(self.down(release), end), end, "")
             cp.add(start <= end - 1).only_enforce_if(present)
-            self.compute.append(cp.new_optional_fixed_size_interval_var(start, length, present, ""))
-            credit = cp.new_int_var(0, most, "")
-            cp.add(credit <= most * present)
-            cp.add(credit <= end - start).only_enforce_if(present)
-            self.credits.append(credit)
+            compute.append(cp.new_optional_fixed_size_interval_var(start, length, present, ""))
+            if credited:
+                credit = cp.new_int_var(0, most, "")
+                cp.add(credit <= most * present)
+                cp.add(credit <= end - start).only_enforce_if(present)
+                self.credits.append(credit)
             if chain.takes:
-                self.events.append((start, chain.takes, present))
+                events.append((start, chain.takes, present))
             moving = moving_start = None
             if moved is not None:
                 moving = cp.new_bool_var("")
                 moving_start = cp.new_int_var(0, end + (len(chain.releases) + 1) * (moved + length), "")
                 cp.add_implication(moving, present)
                 cp.add(moving_start >= start + length).only_enforce_if(moving)
-                self.transfers.append(cp.new_optional_fixed_size_interval_var(moving_start, moved, moving, ""))
-                self.events.append((moving_start + moved, -chain.frees, moving))
+                transfers.append(cp.new_optional_fixed_size_interval_var(moving_start, moved, moving, ""))
+                events.append((moving_start + moved, -chain.frees, moving))
             if previous is not None:
                 cp.add_implication(present, previous[0])
                 cp.add(start >= previous[1] + length).only_enforce_if(present)
@@ -359,13 +368,14 @@ class _Model:
 
     def solve(self, budget: int, time_limit_s: float, workers: int | None, seed: int) -> tuple[float, bool]:
         cp = self.cp
-        cp.add_no_overlap(self.compute)
-        if self.transfers:
-            cp.add_no_overlap(self.transfers)
-        if self.events:
-            changes, least, most = _bytes_in_units([e[1] for e in self.events], budget)
-            cp.add_reservoir_constraint_with_active([e[0] for e in self.events], changes,
-                                                    [e[2] for e in self.events], least, most)
+        for device in self.compute:
+            cp.add_no_overlap(self.compute[device])
+            if self.transfers[device]:
+                cp.add_no_overlap(self.transfers[device])
+            if events := self.events[device]:
+                changes, least, most = _bytes_in_units([e[1] for e in events], budget)
+                cp.add_reservoir_constraint_with_active([e[0] for e in events], changes, [e[2] for e in events],
+                                                        least, most)
         cp.maximize(sum(self.credits))
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)

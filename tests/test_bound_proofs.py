@@ -27,6 +27,7 @@ from optpipe.core.simulate import simulate
 from optpipe.solvers.bounds import Bound, device_lower_bound, makespan_lower_bound, memory_lower_bound
 from optpipe.solvers.compile import compile_problem
 from optpipe.solvers.cpsat import solve_cpsat
+from optpipe.solvers.fill_relax import fed_applies, fed_bound
 from optpipe.solvers.floor_relax import floor_relaxation_bound
 from optpipe.solvers.result import Judged, SolveStatus
 from optpipe.solvers.timegrid import choose_grid
@@ -156,6 +157,16 @@ def test_floor_relaxation_bound_not_above_the_brute_force_optimum(case, resoluti
     upper = Judged("brute", brute.schedule, simulate(problem, brute.schedule))
     bound = floor_relaxation_bound(problem, upper=upper, floor=Bound(0.0, "-"), time_limit_s=20.0, workers=1,
                                    resolution_ms=resolution_ms)
+    assert 0.0 < bound.value <= brute.makespan_ms + _EPS, brute.schedule.to_text()
+
+
+def test_fed_ends_bound_not_above_the_brute_force_optimum(case):
+    """Each device's ends solved with the devices that feed it (fill_relax.py), against every
+    order, in microbatch order or not, and every fate of the pairs."""
+    problem, brute, _ = case
+    if not fed_applies(problem):
+        pytest.skip("the fed ends leave recompute out")
+    bound = fed_bound(problem, floor=Bound(0.0, "-"), time_limit_s=4.0, workers=1)
     assert 0.0 < bound.value <= brute.makespan_ms + _EPS, brute.schedule.to_text()
 
 
