@@ -1,6 +1,6 @@
 """Each device's warm-up and cool-down solved exactly (solvers/ends_relax.py): above the closed
 form where a tight budget and a slow host link bind, and never above an optimum or a fitting
-schedule (issue 11)."""
+schedule, alone or with the devices that feed them (fill_relax.py) (issue 11)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from optpipe.solvers.bounds import Bound, data_paths, device_jobs, makespan_lowe
 from optpipe.solvers.compare import compare
 from optpipe.solvers.compile import compile_problem
 from optpipe.solvers.ends_relax import end_idle, ends_applies, ends_bound
+from optpipe.solvers.fill_relax import fed_bound
 from optpipe.solvers.phases import phase_idle
 
 from benchmarks.problem_grid import generated, vshaped
@@ -25,9 +26,13 @@ _EPS = 1e-6
 _NONE = Bound(0.0, "none")
 
 
-def _ends(problem, time_limit_s: float = 4.0) -> float:
+def _ends(problem, time_limit_s: float = 4.0, relax=ends_bound) -> float:
     """The relaxation alone: no analytic bound beneath it."""
-    return ends_bound(problem, floor=_NONE, time_limit_s=time_limit_s, workers=1).value
+    return relax(problem, floor=_NONE, time_limit_s=time_limit_s, workers=1).value
+
+
+# Both: each device's ends alone, and with the devices that feed them (fill_relax.py).
+_RELAXATIONS = pytest.mark.parametrize("relax", [ends_bound, fed_bound], ids=["alone", "fed"])
 
 
 def _grid01():
@@ -69,38 +74,41 @@ def test_compile_reports_the_bound():
     assert compiled.lower_bound_ms <= compiled.makespan_ms + _EPS
 
 
+@_RELAXATIONS
 @pytest.mark.parametrize("problem, optimum", OPTIMA, ids=[f"case{k}" for k in range(len(OPTIMA))])
-def test_never_above_a_cpsat_optimum(problem, optimum):
-    assert _ends(problem) <= optimum + _EPS
+def test_never_above_a_cpsat_optimum(problem, optimum, relax):
+    assert _ends(problem, relax=relax) <= optimum + _EPS
 
 
 _costs = st.sampled_from([1.0, 2.0, 3.0])
 
 
+@_RELAXATIONS
 @settings(max_examples=examples(60, ci=10), deadline=None)
 @given(f=st.tuples(_costs, _costs), b=st.tuples(_costs, _costs), w=st.tuples(st.sampled_from([0.5, 1.0, 2.0]), _costs),
        keep=st.tuples(st.sampled_from([10, 50, 90]), st.sampled_from([10, 50, 90])),
        budget=st.sampled_from([100, 140, 150, 190, 200]), offload=st.booleans(),
        bandwidth=st.sampled_from([2e4, 5e4, 4e5]))
-def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, offload, bandwidth):
+def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, offload, bandwidth, relax):
     """p = 2, m = 2, stage 0's activations kept or offloaded: every order (test_device_relax.py)."""
     problem, brute = brute_two_stages(f, b, w, keep, budget, offload, bandwidth)
     if brute.schedule is not None:
-        assert _ends(problem) <= brute.makespan_ms + _EPS, brute.schedule.to_text()
+        assert _ends(problem, relax=relax) <= brute.makespan_ms + _EPS, brute.schedule.to_text()
 
 
+@_RELAXATIONS
 @settings(max_examples=examples(40, ci=6), deadline=None)
 @given(p=st.sampled_from([2, 3, 4, 6]), v=st.sampled_from([1, 2, 3]), rounds=st.sampled_from([1, 2, 3]),
        fraction=st.sampled_from([0.15, 0.25, 0.4]), k=st.sampled_from([None, 0.6, 1.6, 3.0]),
        vshape=st.booleans(), seed=st.integers(0, 999))
-def test_never_above_a_fitting_heuristic(p, v, rounds, fraction, k, vshape, seed):
+def test_never_above_a_fitting_heuristic(p, v, rounds, fraction, k, vshape, seed, relax):
     """Larger pipelines than brute force reaches: every heuristic that fits is at least the bound."""
     problem = generated(300, p, v, p * rounds, fraction, k, seed=seed)
     if vshape and v == 2:
         problem = vshaped(problem)
     fitting = [e.judged.timeline.makespan for e in compare(problem) if e.judged is not None and e.fits]
     if fitting:
-        assert _ends(problem, time_limit_s=2.0) <= min(fitting) + _EPS
+        assert _ends(problem, time_limit_s=2.0, relax=relax) <= min(fitting) + _EPS
 
 
 @settings(max_examples=examples(30, ci=5), deadline=None)

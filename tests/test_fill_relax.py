@@ -1,14 +1,13 @@
 """Each device's ends solved with the devices that feed it (solvers/fill_relax.py): above the
-devices solved alone where a feeder's budget and host link bind, and never above an optimum or
-a fitting schedule (issue 11)."""
+devices solved alone where a feeder's budget and host link bind. That it is never above an
+optimum or a fitting schedule is tested with the ends alone (test_ends_relax.py) and in
+test_bound_proofs.py (issue 11)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from optpipe.core.problem import Recompute
 from optpipe.solvers.bounds import Bound, data_paths
@@ -18,18 +17,10 @@ from optpipe.solvers.ends_relax import end_idle, ends_bound
 from optpipe.solvers.phases import phase_idle
 from optpipe.solvers.fill_relax import fed_applies, fed_bound, fed_cool_down_idle, fed_warm_up_idle
 
-from benchmarks.problem_grid import generated, vshaped
-from conftest import examples
-from test_device_relax import brute_two_stages
-from test_phases import OPTIMA
+from benchmarks.problem_grid import generated
 
 _EPS = 1e-6
 _NONE = Bound(0.0, "none")
-
-
-def _fed(problem, time_limit_s: float = 4.0) -> float:
-    """The relaxation alone: no analytic bound beneath it."""
-    return fed_bound(problem, floor=_NONE, time_limit_s=time_limit_s, workers=1).value
 
 
 def _fed_by_device0():
@@ -68,40 +59,6 @@ def test_compile_reports_the_bound():
     compiled = compile_problem(_fed_by_device0(), time_limit_s=6.0, workers=2)
     assert compiled.lower_bound_ms >= 493.2
     assert compiled.lower_bound_ms <= compiled.makespan_ms + _EPS
-
-
-@pytest.mark.parametrize("problem, optimum", OPTIMA, ids=[f"case{k}" for k in range(len(OPTIMA))])
-def test_never_above_a_cpsat_optimum(problem, optimum):
-    assert _fed(problem) <= optimum + _EPS
-
-
-_costs = st.sampled_from([1.0, 2.0, 3.0])
-
-
-@settings(max_examples=examples(60, ci=10), deadline=None)
-@given(f=st.tuples(_costs, _costs), b=st.tuples(_costs, _costs), w=st.tuples(st.sampled_from([0.5, 1.0, 2.0]), _costs),
-       keep=st.tuples(st.sampled_from([10, 50, 90]), st.sampled_from([10, 50, 90])),
-       budget=st.sampled_from([100, 140, 150, 190, 200]), offload=st.booleans(),
-       bandwidth=st.sampled_from([2e4, 5e4, 4e5]))
-def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, offload, bandwidth):
-    """p = 2, m = 2, stage 0's activations kept or offloaded: every order (test_device_relax.py)."""
-    problem, brute = brute_two_stages(f, b, w, keep, budget, offload, bandwidth)
-    if brute.schedule is not None:
-        assert _fed(problem) <= brute.makespan_ms + _EPS, brute.schedule.to_text()
-
-
-@settings(max_examples=examples(40, ci=6), deadline=None)
-@given(p=st.sampled_from([2, 3, 4, 6]), v=st.sampled_from([1, 2, 3]), rounds=st.sampled_from([1, 2, 3]),
-       fraction=st.sampled_from([0.15, 0.25, 0.4]), k=st.sampled_from([None, 0.6, 1.6, 3.0]),
-       vshape=st.booleans(), seed=st.integers(0, 999))
-def test_never_above_a_fitting_heuristic(p, v, rounds, fraction, k, vshape, seed):
-    """Larger pipelines than brute force reaches: every heuristic that fits is at least the bound."""
-    problem = generated(300, p, v, p * rounds, fraction, k, seed=seed)
-    if vshape and v == 2:
-        problem = vshaped(problem)
-    fitting = [e.judged.timeline.makespan for e in compare(problem) if e.judged is not None and e.fits]
-    if fitting:
-        assert _fed(problem, time_limit_s=2.0) <= min(fitting) + _EPS
 
 
 def test_left_to_the_other_bounds_with_recompute_or_many_devices():
