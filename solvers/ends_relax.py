@@ -64,7 +64,7 @@ from optpipe.core.units import format_size
 from .bounds import Bound, Paths, data_paths, device_job, device_jobs
 from .phases import PhaseIdle, phase_idle
 
-__all__ = ["EndIdle", "ends_applies", "ends_bound", "end_idle"]
+__all__ = ["Chain", "EndIdle", "WindowModel", "ends_applies", "ends_bound", "end_idle", "while_in"]
 
 _F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
 _UNITS = 4000  # a window in this many units: rounding down costs a few units per op
@@ -88,7 +88,7 @@ class EndIdle:
 
 
 @dataclass(frozen=True)
-class _Chain:
+class Chain:
     """One kind's ops of one stage in a window, numbered by time from the window's start."""
 
     duration: float  # ms
@@ -233,7 +233,7 @@ def _greedy_busy(window: float, chains: dict, after: list, budget: int) -> float
             frees.append((channel, chain.frees))
 
 
-def _while_in(window: float, releases) -> tuple[float, ...]:
+def while_in(window: float, releases) -> tuple[float, ...]:
     """The releases of the ranks that can start in the window: a prefix, as ranks are numbered by time."""
     return tuple(itertools.takewhile(lambda release: release < window, releases))
 
@@ -247,9 +247,9 @@ def _warm_up(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, 
     window = min(device_job(jobs, m, i, 0, _B)[0] for i in range(len(stages))) - start
     chains = {}
     for i, s in enumerate(stages):
-        releases = _while_in(window, (device_job(jobs, m, i, j, _F)[0] - start for j in range(m)))
+        releases = while_in(window, (device_job(jobs, m, i, j, _F)[0] - start for j in range(m)))
         offload = duration_ms(problem, Op(_OFF, s, 0)) if problem.offload.enabled else None
-        chains[(_F, s)] = _Chain(f[s], memory.activation[s], releases, offload, memory.activation[s])
+        chains[(_F, s)] = Chain(f[s], memory.activation[s], releases, offload, memory.activation[s])
     after = [((_F, s), (_F, t), paths.head[(_F, t)] - paths.head[(_F, s)] - f[s])
              for s in stages for t in stages if t > s]
     return window, chains, after
@@ -266,10 +266,10 @@ def _cool_down(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float
     chains = {}
     for i, s in enumerate(stages):
         act, keep = memory.activation[s], memory.weight_activation[s]
-        tails = _while_in(window, (device_job(jobs, m, i, m - 1 - k, _B)[2] for k in range(m)))
+        tails = while_in(window, (device_job(jobs, m, i, m - 1 - k, _B)[2] for k in range(m)))
         reload = duration_ms(problem, Op(_REL, s, 0)) if problem.offload.enabled else None
-        chains[(_B, s)] = _Chain(b[s], act - keep, tails, reload, act)
-        chains[(_W, s)] = _Chain(w[s], keep, (0.0,) * min(m, math.floor(window / w[s]) + 1), None, 0)
+        chains[(_B, s)] = Chain(b[s], act - keep, tails, reload, act)
+        chains[(_W, s)] = Chain(w[s], keep, (0.0,) * min(m, math.floor(window / w[s]) + 1), None, 0)
     after = [((_W, s), (_B, s), 0.0) for s in stages]
     after += [((_B, s), (_B, t), paths.head[(_B, s)] - paths.head[(_B, t)] - b[t])
               for s in stages for t in stages if t > s]
@@ -285,7 +285,7 @@ def _most_busy(window: float, chains: dict, after: list, budget: int, time_limit
     ``earlier`` ends plus the lag, and is in the window only if that one is."""
     if window <= 0 or not any(chain.releases for chain in chains.values()):
         return 0.0, True
-    model = _Model(window, units)
+    model = WindowModel(window, units)
     for key, chain in chains.items():
         model.chain(key, chain)
     for earlier, later, lag in after:
@@ -293,7 +293,7 @@ def _most_busy(window: float, chains: dict, after: list, budget: int, time_limit
     return model.solve(budget, time_limit_s, workers, seed)
 
 
-class _Model:
+class WindowModel:
     """The CP-SAT model of one window, in whole units (the module docstring says why they are safe)."""
 
     def __init__(self, window: float, units: int = _UNITS):
@@ -313,7 +313,7 @@ class _Model:
     def up(self, ms: float) -> int:
         return math.ceil(ms / self.unit + _ROUND)
 
-    def chain(self, key: tuple, chain: _Chain, device: int = 0, credited: bool = True) -> None:
+    def chain(self, key: tuple, chain: Chain, device: int = 0, credited: bool = True) -> None:
         """Its ranks: a prefix of them in the window, one after another, each perhaps followed by
         its transfer, on ``device``'s compute line, channel and memory; each ``credited`` with the
         part of it in the window (fill_relax.py models upstream devices whose busy time is not

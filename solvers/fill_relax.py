@@ -38,7 +38,7 @@ from optpipe.core.semantics import duration_ms, stage_ms
 from optpipe.core.units import format_size
 
 from .bounds import Bound, Paths, data_paths, device_job, device_jobs
-from .ends_relax import _Chain, _Model, _while_in
+from .ends_relax import Chain, WindowModel, while_in
 from .phases import phase_idle
 
 __all__ = ["fed_applies", "fed_bound", "fed_cool_down_idle", "fed_warm_up_idle"]
@@ -63,20 +63,19 @@ def fed_warm_up_idle(problem: Problem, device: int, paths: Paths, *, time_limit_
     and whether it proved it optimal. ``jobs``: bounds.device_jobs per device, where already built."""
     jobs = _all_jobs(problem, paths, jobs)
     pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
-    first_backward = {d: min(device_job(jobs[d], m, i, 0, _B)[0] for i in range(len(pipe.stages_on(d))))
-                      for d in range(problem.devices)}
+    first_backward = {d: _first_backward(problem, jobs, d) for d in range(problem.devices)}
     end = first_backward[device]
     start = min(paths.head[(_F, s)] for s in pipe.stages_on(device))
     if end - start <= _EPS_MS:
         return 0.0, True
     modelled = [d for d in range(problem.devices) if first_backward[d] >= end - _EPS_MS]
     f = stage_ms(problem, _F)
-    model, chains = _Model(end, units), {}
+    model, chains = WindowModel(end, units), {}
     for d in modelled:
         for i, s in enumerate(pipe.stages_on(d)):
-            releases = _while_in(end, (device_job(jobs[d], m, i, j, _F)[0] for j in range(m)))
+            releases = while_in(end, (device_job(jobs[d], m, i, j, _F)[0] for j in range(m)))
             offload = duration_ms(problem, Op(_OFF, s, 0)) if problem.offload.enabled else None
-            chains[(_F, s)] = _Chain(f[s], memory.activation[s], releases, offload, memory.activation[s])
+            chains[(_F, s)] = Chain(f[s], memory.activation[s], releases, offload, memory.activation[s])
             model.chain((_F, s), chains[(_F, s)], device=d, credited=d == device)
     for s in range(problem.stages - 1):  # the link between neighbouring stages on modelled devices
         if (_F, s) in chains and (_F, s + 1) in chains and pipe.device_of(s) != pipe.device_of(s + 1):
@@ -99,20 +98,19 @@ def fed_cool_down_idle(problem: Problem, device: int, paths: Paths, *, time_limi
     jobs = _all_jobs(problem, paths, jobs)
     pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
     b, w = stage_ms(problem, _B), stage_ms(problem, _W)
-    after_forwards = {d: min(device_job(jobs[d], m, i, m - 1, _F)[2] for i in range(len(pipe.stages_on(d))))
-                      for d in range(problem.devices)}
+    after_forwards = {d: _after_forwards(problem, jobs, d) for d in range(problem.devices)}
     window = after_forwards[device]
     if window <= _EPS_MS:
         return 0.0, True
     modelled = [d for d in range(problem.devices) if after_forwards[d] >= window - _EPS_MS]
-    model, chains = _Model(window, units), {}
+    model, chains = WindowModel(window, units), {}
     for d in modelled:
         for i, s in enumerate(pipe.stages_on(d)):
             act, keep = memory.activation[s], memory.weight_activation[s]
-            tails = _while_in(window, (device_job(jobs[d], m, i, m - 1 - k, _B)[2] for k in range(m)))
+            tails = while_in(window, (device_job(jobs[d], m, i, m - 1 - k, _B)[2] for k in range(m)))
             reload = duration_ms(problem, Op(_REL, s, 0)) if problem.offload.enabled else None
-            chains[(_B, s)] = _Chain(b[s], act - keep, tails, reload, act)
-            chains[(_W, s)] = _Chain(w[s], keep, (0.0,) * min(m, math.floor(window / w[s]) + 1), None, 0)
+            chains[(_B, s)] = Chain(b[s], act - keep, tails, reload, act)
+            chains[(_W, s)] = Chain(w[s], keep, (0.0,) * min(m, math.floor(window / w[s]) + 1), None, 0)
             model.chain((_B, s), chains[(_B, s)], device=d, credited=d == device)
             model.chain((_W, s), chains[(_W, s)], device=d, credited=d == device)
     for s in range(problem.stages):
@@ -181,8 +179,17 @@ def fed_bound(problem: Problem, *, floor: Bound, time_limit_s: float, upper_ms: 
 
 def _windows(problem: Problem, device: int, paths: Paths, jobs: dict) -> tuple[float, float]:
     """The lengths of the device's warm-up and cool-down windows: the most idle either can prove."""
-    pipe, m = problem.pipeline, problem.microbatches
-    stages = range(len(pipe.stages_on(device)))
-    first_backward = min(device_job(jobs[device], m, i, 0, _B)[0] for i in stages)
-    start = min(paths.head[(_F, s)] for s in pipe.stages_on(device))
-    return max(0.0, first_backward - start), min(device_job(jobs[device], m, i, m - 1, _F)[2] for i in stages)
+    start = min(paths.head[(_F, s)] for s in problem.pipeline.stages_on(device))
+    return max(0.0, _first_backward(problem, jobs, device) - start), _after_forwards(problem, jobs, device)
+
+
+def _first_backward(problem: Problem, jobs: dict, device: int) -> float:
+    """The earliest the device's first backward can start: the warm-up window's end."""
+    m = problem.microbatches
+    return min(device_job(jobs[device], m, i, 0, _B)[0] for i in range(len(problem.pipeline.stages_on(device))))
+
+
+def _after_forwards(problem: Problem, jobs: dict, device: int) -> float:
+    """The least time from the device's last forward's end to the makespan: the cool-down window."""
+    m = problem.microbatches
+    return min(device_job(jobs[device], m, i, m - 1, _F)[2] for i in range(len(problem.pipeline.stages_on(device))))
