@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from optpipe.core.problem import Offload, Recompute
-from optpipe.solvers import ends_relax
+from optpipe.solvers import ends_relax, fill_relax
 from optpipe.solvers.bounds import Bound, data_paths, device_jobs, makespan_lower_bound
 from optpipe.solvers.compare import compare
 from optpipe.solvers.compile import compile_problem
@@ -157,7 +157,8 @@ def test_recompute_is_left_to_the_other_bounds():
     assert ends_bound(problem, floor=_NONE, time_limit_s=1.0) is _NONE
 
 
-def test_terabyte_activations_and_a_crawling_link_are_no_overflow():
+@_RELAXATIONS
+def test_terabyte_activations_and_a_crawling_link_are_no_overflow(relax):
     """Offloads a trillion times longer than the window, and bytes past int64's room for a sum of
     many (sizes up to an EiB): the model cuts what cannot matter and counts memory in coarser
     units, and stays a bound (a fuzz of 11,000 such problems found these)."""
@@ -167,7 +168,7 @@ def test_terabyte_activations_and_a_crawling_link_are_no_overflow():
                        (2**30, tib, 2**30, tib, 2**30, 1), (2**30, tib // 2, 2**30, 0, 2**30, 0), 3 * tib,
                        Offload(True, 1.0, 2.0, 1))
     fitting = [e.judged.timeline.makespan for e in compare(problem) if e.judged is not None and e.fits]
-    bound = ends_bound(problem, floor=makespan_lower_bound(problem), time_limit_s=2.0, workers=1)
+    bound = relax(problem, floor=makespan_lower_bound(problem), time_limit_s=2.0, workers=1)
     assert bound.value >= makespan_lower_bound(problem).value
     assert not fitting or bound.value <= min(fitting) + _EPS
 
@@ -180,14 +181,16 @@ def test_memory_in_coarser_units_rounds_each_way_for_a_relaxation():
     assert ends_relax._bytes_in_units([5, -5, 3], 10) == ([5, -5, 3], 0, 10)  # exact where it fits
 
 
-def test_a_relaxation_failing_inside_is_a_warning_not_a_traceback(monkeypatch):
+@pytest.mark.parametrize("module, name, what", [(ends_relax, "ends_bound", "devices' ends"),
+                                                 (fill_relax, "fed_bound", "feeders' ends")], ids=["alone", "fed"])
+def test_a_relaxation_failing_inside_is_a_warning_not_a_traceback(monkeypatch, module, name, what):
     def broken(*args, **kwargs):
         raise TypeError("Domain(0, 26465588481216000945)")
 
-    monkeypatch.setattr(ends_relax, "ends_bound", broken)
+    monkeypatch.setattr(module, name, broken)
     compiled = compile_problem(_grid01(), time_limit_s=2.0, workers=2)
     assert compiled.judged.fits and compiled.lower_bound_ms <= compiled.makespan_ms + _EPS
-    assert any("devices' ends bound was left out" in warning for warning in compiled.warnings)
+    assert any(f"{what} bound was left out" in warning for warning in compiled.warnings)
 
 
 def test_compile_survives_microsecond_ops_beside_terabyte_offloads():
