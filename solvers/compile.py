@@ -230,8 +230,8 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
     from .floor_relax import floor_relaxation_applies, floor_relaxation_bound  # lazy: loads OR-Tools
     from .fill_relax import fed_applies, fed_bound  # lazy: loads OR-Tools
 
+    small = floor_relaxation_applies(problem) or relaxation_applies(problem)
     if ends_applies(problem):  # at any size: each device's two ends, solved exactly
-        small = floor_relaxation_applies(problem) or relaxation_applies(problem)
         now = time.monotonic()
         bound = _guarded("devices' ends", warnings, bound, lambda: ends_bound(
             problem, floor=bound, time_limit_s=(_ENDS_SHARE if small else 1.0) * (until - now), workers=workers,
@@ -240,10 +240,9 @@ def _relaxed(problem: Problem, solver: str, start: Judged, bound: Bound, clock: 
         if small:  # the other two keep their shares: the ends take a fraction of a second where they prove
             until = min(end, until + time.monotonic() - now)
     if fed_applies(problem) and upper > bound.value + _EPS:  # the ends again, each with its feeders
-        share = _FED_SHARE[relaxation_applies(problem) or floor_relaxation_applies(problem)]
         bound = _guarded("feeders' ends", warnings, bound, lambda: fed_bound(
-            problem, floor=bound, time_limit_s=share * (until - time.monotonic()), upper_ms=upper, workers=workers,
-            seed=seed))
+            problem, floor=bound, time_limit_s=_FED_SHARE[small] * (until - time.monotonic()), upper_ms=upper,
+            workers=workers, seed=seed))
         report(Progress(time.monotonic() - began, upper, bound.value, "bound: ends solved with their feeders"))
     if floor_relaxation_applies(problem) and upper > bound.value + _EPS:  # the whole model, where its grid proves nothing
         bound = _guarded("whole model's floor-grid", warnings, bound, lambda: floor_relaxation_bound(

@@ -64,7 +64,8 @@ from optpipe.core.units import format_size
 from .bounds import Bound, Paths, data_paths, device_job, device_jobs
 from .phases import PhaseIdle, phase_idle
 
-__all__ = ["Chain", "EndIdle", "WindowModel", "ends_applies", "ends_bound", "end_idle", "while_in"]
+__all__ = ["EndIdle", "WindowModel", "after_last_forward", "cool_down_chains", "device_start", "ends_applies",
+           "ends_bound", "end_idle", "first_backward", "warm_up_chains"]
 
 _F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
 _UNITS = 4000  # a window in this many units: rounding down costs a few units per op
@@ -88,7 +89,7 @@ class EndIdle:
 
 
 @dataclass(frozen=True)
-class Chain:
+class _Chain:
     """One kind's ops of one stage in a window, numbered by time from the window's start."""
 
     duration: float  # ms
@@ -233,47 +234,76 @@ def _greedy_busy(window: float, chains: dict, after: list, budget: int) -> float
             frees.append((channel, chain.frees))
 
 
-def while_in(window: float, releases) -> tuple[float, ...]:
+def _while_in(window: float, releases) -> tuple[float, ...]:
     """The releases of the ranks that can start in the window: a prefix, as ranks are numbered by time."""
     return tuple(itertools.takewhile(lambda release: release < window, releases))
 
 
-def _warm_up(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, dict, list]:
-    """The window before the first backward: its length, the forwards by stage, the paths between them."""
-    pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
-    stages = pipe.stages_on(device)
+def device_start(problem: Problem, device: int, paths: Paths) -> float:
+    """The earliest any forward of the device can start: its warm-up window's start."""
+    return min(paths.head[(_F, s)] for s in problem.pipeline.stages_on(device))
+
+
+def first_backward(problem: Problem, device: int, jobs) -> float:
+    """R, the earliest the device's first backward can start (``jobs``: bounds.device_jobs):
+    its warm-up window's end."""
+    m = problem.microbatches
+    return min(device_job(jobs, m, i, 0, _B)[0] for i in range(len(problem.pipeline.stages_on(device))))
+
+
+def after_last_forward(problem: Problem, device: int, jobs) -> float:
+    """Q, the least time from the device's last forward's end to the makespan: its cool-down window."""
+    m = problem.microbatches
+    return min(device_job(jobs, m, i, m - 1, _F)[2] for i in range(len(problem.pipeline.stages_on(device))))
+
+
+def warm_up_chains(problem: Problem, device: int, paths: Paths, jobs, origin: float, window: float) -> tuple[dict, list]:
+    """The device's forwards by stage in [origin, origin + window), releases counted from
+    ``origin``, and the paths between its stages (``after`` of _most_busy)."""
+    memory, m = problem.memory, problem.microbatches
+    stages = problem.pipeline.stages_on(device)
     f = stage_ms(problem, _F)
-    start = min(paths.head[(_F, s)] for s in stages)
-    window = min(device_job(jobs, m, i, 0, _B)[0] for i in range(len(stages))) - start
     chains = {}
     for i, s in enumerate(stages):
-        releases = while_in(window, (device_job(jobs, m, i, j, _F)[0] - start for j in range(m)))
+        releases = _while_in(window, (device_job(jobs, m, i, j, _F)[0] - origin for j in range(m)))
         offload = duration_ms(problem, Op(_OFF, s, 0)) if problem.offload.enabled else None
-        chains[(_F, s)] = Chain(f[s], memory.activation[s], releases, offload, memory.activation[s])
+        chains[(_F, s)] = _Chain(f[s], memory.activation[s], releases, offload, memory.activation[s])
     after = [((_F, s), (_F, t), paths.head[(_F, t)] - paths.head[(_F, s)] - f[s])
              for s in stages for t in stages if t > s]
-    return window, chains, after
+    return chains, after
 
 
-def _cool_down(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, dict, list]:
-    """The last window, backwards from the makespan: its length, the B and W passes by stage
-    numbered from the last, and the orders between them in reversed time (a W before its B, a
-    stage's B before the B of the stage above it)."""
-    pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
-    stages = pipe.stages_on(device)
+def cool_down_chains(problem: Problem, device: int, paths: Paths, jobs, window: float) -> tuple[dict, list]:
+    """The device's B and W passes by stage in the last ``window`` ms, backwards from the
+    makespan and numbered from the last, and the orders between them in reversed time (a W
+    before its B, a stage's B before the B of the stage above it)."""
+    memory, m = problem.memory, problem.microbatches
+    stages = problem.pipeline.stages_on(device)
     b, w = stage_ms(problem, _B), stage_ms(problem, _W)
-    window = min(device_job(jobs, m, i, m - 1, _F)[2] for i in range(len(stages)))
     chains = {}
     for i, s in enumerate(stages):
         act, keep = memory.activation[s], memory.weight_activation[s]
-        tails = while_in(window, (device_job(jobs, m, i, m - 1 - k, _B)[2] for k in range(m)))
+        tails = _while_in(window, (device_job(jobs, m, i, m - 1 - k, _B)[2] for k in range(m)))
         reload = duration_ms(problem, Op(_REL, s, 0)) if problem.offload.enabled else None
-        chains[(_B, s)] = Chain(b[s], act - keep, tails, reload, act)
-        chains[(_W, s)] = Chain(w[s], keep, (0.0,) * min(m, math.floor(window / w[s]) + 1), None, 0)
+        chains[(_B, s)] = _Chain(b[s], act - keep, tails, reload, act)
+        chains[(_W, s)] = _Chain(w[s], keep, (0.0,) * min(m, math.floor(window / w[s]) + 1), None, 0)
     after = [((_W, s), (_B, s), 0.0) for s in stages]
     after += [((_B, s), (_B, t), paths.head[(_B, s)] - paths.head[(_B, t)] - b[t])
               for s in stages for t in stages if t > s]
-    return window, chains, after
+    return chains, after
+
+
+def _warm_up(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, dict, list]:
+    """The window before the first backward: its length, the forwards by stage, the paths between them."""
+    start = device_start(problem, device, paths)
+    window = first_backward(problem, device, jobs) - start
+    return (window, *warm_up_chains(problem, device, paths, jobs, start, window))
+
+
+def _cool_down(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float, dict, list]:
+    """The last window, backwards from the makespan: its length, its B and W passes, their orders."""
+    window = after_last_forward(problem, device, jobs)
+    return (window, *cool_down_chains(problem, device, paths, jobs, window))
 
 
 def _most_busy(window: float, chains: dict, after: list, budget: int, time_limit_s: float, workers: int | None,
@@ -313,7 +343,7 @@ class WindowModel:
     def up(self, ms: float) -> int:
         return math.ceil(ms / self.unit + _ROUND)
 
-    def chain(self, key: tuple, chain: Chain, device: int = 0, credited: bool = True) -> None:
+    def chain(self, key: tuple, chain: _Chain, device: int = 0, credited: bool = True) -> None:
         """Its ranks: a prefix of them in the window, one after another, each perhaps followed by
         its transfer, on ``device``'s compute line, channel and memory; each ``credited`` with the
         part of it in the window (fill_relax.py models upstream devices whose busy time is not

@@ -33,17 +33,17 @@ import math
 import time
 
 from optpipe.core.problem import Problem
-from optpipe.core.schedule import Op, OpKind
-from optpipe.core.semantics import duration_ms, stage_ms
+from optpipe.core.schedule import OpKind
 from optpipe.core.units import format_size
 
-from .bounds import Bound, Paths, data_paths, device_job, device_jobs
-from .ends_relax import Chain, WindowModel, while_in
+from .bounds import Bound, Paths, data_paths, device_jobs
+from .ends_relax import (WindowModel, after_last_forward, cool_down_chains, device_start, first_backward,
+                         warm_up_chains)
 from .phases import phase_idle
 
 __all__ = ["fed_applies", "fed_bound", "fed_cool_down_idle", "fed_warm_up_idle"]
 
-_F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
+_F, _B = OpKind.F, OpKind.B
 _UNITS = 4000
 _EPS_MS = 1e-9
 _MIN_SOLVE_S = 0.05
@@ -62,32 +62,15 @@ def fed_warm_up_idle(problem: Problem, device: int, paths: Paths, *, time_limit_
     """The idle CP-SAT proves before ``device``'s first backward with its feeders modelled (ms),
     and whether it proved it optimal. ``jobs``: bounds.device_jobs per device, where already built."""
     jobs = _all_jobs(problem, paths, jobs)
-    pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
-    first_backward = {d: _first_backward(problem, jobs, d) for d in range(problem.devices)}
-    end = first_backward[device]
-    start = min(paths.head[(_F, s)] for s in pipe.stages_on(device))
+    end = first_backward(problem, device, jobs[device])
+    start = device_start(problem, device, paths)
     if end - start <= _EPS_MS:
         return 0.0, True
-    modelled = [d for d in range(problem.devices) if first_backward[d] >= end - _EPS_MS]
-    f = stage_ms(problem, _F)
-    model, chains = WindowModel(end, units), {}
-    for d in modelled:
-        for i, s in enumerate(pipe.stages_on(d)):
-            releases = while_in(end, (device_job(jobs[d], m, i, j, _F)[0] for j in range(m)))
-            offload = duration_ms(problem, Op(_OFF, s, 0)) if problem.offload.enabled else None
-            chains[(_F, s)] = Chain(f[s], memory.activation[s], releases, offload, memory.activation[s])
-            model.chain((_F, s), chains[(_F, s)], device=d, credited=d == device)
-    for s in range(problem.stages - 1):  # the link between neighbouring stages on modelled devices
-        if (_F, s) in chains and (_F, s + 1) in chains and pipe.device_of(s) != pipe.device_of(s + 1):
-            model.order(chains, (_F, s), (_F, s + 1), paths.lag_up[s])
-    for d in modelled:  # a device's own stages: the path between them
-        stages = pipe.stages_on(d)
-        for s in stages:
-            for t in (t for t in stages if t > s):
-                model.order(chains, (_F, s), (_F, t), paths.head[(_F, t)] - paths.head[(_F, s)] - f[s])
-    if not any(chains[(_F, s)].releases for s in pipe.stages_on(device)):
-        return end - start, True
-    busy, optimal = model.solve(memory.budget, time_limit_s, workers, seed)
+    modelled = [d for d in range(problem.devices) if first_backward(problem, d, jobs[d]) >= end - _EPS_MS]
+    windows = {d: warm_up_chains(problem, d, paths, jobs[d], 0.0, end) for d in modelled}
+    if not any(chain.releases for chain in windows[device][0].values()):
+        return end - start, True  # nothing of the target can start before R
+    busy, optimal = _most_busy_fed(problem, device, windows, _F, paths.lag_up, end, time_limit_s, workers, seed, units)
     return max(0.0, end - start - busy), optimal
 
 
@@ -96,36 +79,33 @@ def fed_cool_down_idle(problem: Problem, device: int, paths: Paths, *, time_limi
     """The idle CP-SAT proves after ``device``'s last forward with the devices that send it
     backward passes modelled, backwards in time from the makespan (ms), and whether it proved it."""
     jobs = _all_jobs(problem, paths, jobs)
-    pipe, memory, m = problem.pipeline, problem.memory, problem.microbatches
-    b, w = stage_ms(problem, _B), stage_ms(problem, _W)
-    after_forwards = {d: _after_forwards(problem, jobs, d) for d in range(problem.devices)}
-    window = after_forwards[device]
+    window = after_last_forward(problem, device, jobs[device])
     if window <= _EPS_MS:
         return 0.0, True
-    modelled = [d for d in range(problem.devices) if after_forwards[d] >= window - _EPS_MS]
-    model, chains = WindowModel(window, units), {}
-    for d in modelled:
-        for i, s in enumerate(pipe.stages_on(d)):
-            act, keep = memory.activation[s], memory.weight_activation[s]
-            tails = while_in(window, (device_job(jobs[d], m, i, m - 1 - k, _B)[2] for k in range(m)))
-            reload = duration_ms(problem, Op(_REL, s, 0)) if problem.offload.enabled else None
-            chains[(_B, s)] = Chain(b[s], act - keep, tails, reload, act)
-            chains[(_W, s)] = Chain(w[s], keep, (0.0,) * min(m, math.floor(window / w[s]) + 1), None, 0)
-            model.chain((_B, s), chains[(_B, s)], device=d, credited=d == device)
-            model.chain((_W, s), chains[(_W, s)], device=d, credited=d == device)
-    for s in range(problem.stages):
-        if (_W, s) in chains:
-            model.order(chains, (_W, s), (_B, s), 0.0)
-    for s in range(problem.stages - 1):  # seen backwards, B(s + 1) follows B(s) over the link
-        if (_B, s) in chains and (_B, s + 1) in chains and pipe.device_of(s) != pipe.device_of(s + 1):
-            model.order(chains, (_B, s), (_B, s + 1), paths.lag_up[s])
-    for d in modelled:
-        stages = pipe.stages_on(d)
-        for s in stages:
-            for t in (t for t in stages if t > s):
-                model.order(chains, (_B, s), (_B, t), paths.head[(_B, s)] - paths.head[(_B, t)] - b[t])
-    busy, optimal = model.solve(memory.budget, time_limit_s, workers, seed)
+    modelled = [d for d in range(problem.devices) if after_last_forward(problem, d, jobs[d]) >= window - _EPS_MS]
+    windows = {d: cool_down_chains(problem, d, paths, jobs[d], window) for d in modelled}
+    busy, optimal = _most_busy_fed(problem, device, windows, _B, paths.lag_up, window, time_limit_s, workers, seed, units)
     return max(0.0, window - busy), optimal
+
+
+def _most_busy_fed(problem: Problem, device: int, windows: dict, kind: OpKind, lag_up: tuple[float, ...],
+                   window: float, time_limit_s: float, workers: int | None, seed: int,
+                   units: int) -> tuple[float, bool]:
+    """The most busy time of ``device`` in the window, each modelled device's (chains, orders) on
+    its own compute line, channel and budget, the k-th ``kind`` of a stage after the k-th of the
+    stage below it plus the link wherever both are modelled (seen backwards for B)."""
+    pipe = problem.pipeline
+    model, chains = WindowModel(window, units), {}
+    for d, (own, after) in windows.items():
+        for key, chain in own.items():
+            model.chain(key, chain, device=d, credited=d == device)
+        chains.update(own)
+        for earlier, later, lag in after:
+            model.order(chains, earlier, later, lag)
+    for s in range(problem.stages - 1):
+        if (kind, s) in chains and (kind, s + 1) in chains and pipe.device_of(s) != pipe.device_of(s + 1):
+            model.order(chains, (kind, s), (kind, s + 1), lag_up[s])
+    return model.solve(problem.memory.budget, time_limit_s, workers, seed)
 
 
 def _all_jobs(problem: Problem, paths: Paths, jobs: dict | None) -> dict:
@@ -179,17 +159,5 @@ def fed_bound(problem: Problem, *, floor: Bound, time_limit_s: float, upper_ms: 
 
 def _windows(problem: Problem, device: int, paths: Paths, jobs: dict) -> tuple[float, float]:
     """The lengths of the device's warm-up and cool-down windows: the most idle either can prove."""
-    start = min(paths.head[(_F, s)] for s in problem.pipeline.stages_on(device))
-    return max(0.0, _first_backward(problem, jobs, device) - start), _after_forwards(problem, jobs, device)
-
-
-def _first_backward(problem: Problem, jobs: dict, device: int) -> float:
-    """The earliest the device's first backward can start: the warm-up window's end."""
-    m = problem.microbatches
-    return min(device_job(jobs[device], m, i, 0, _B)[0] for i in range(len(problem.pipeline.stages_on(device))))
-
-
-def _after_forwards(problem: Problem, jobs: dict, device: int) -> float:
-    """The least time from the device's last forward's end to the makespan: the cool-down window."""
-    m = problem.microbatches
-    return min(device_job(jobs[device], m, i, m - 1, _F)[2] for i in range(len(problem.pipeline.stages_on(device))))
+    warm_up = first_backward(problem, device, jobs[device]) - device_start(problem, device, paths)
+    return max(0.0, warm_up), after_last_forward(problem, device, jobs[device])
