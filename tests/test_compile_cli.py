@@ -175,7 +175,8 @@ def test_json_on_stdout_is_only_json_in_a_fresh_process(small):
 
 def test_a_stalled_whole_model_hands_the_rest_of_the_time_to_the_window_search(monkeypatch):
     """A whole-model CP-SAT that finds nothing better (not even takes its hint) stops after its
-    stall share; the window search then runs from the warm start for what is left."""
+    stall share, and one that keeps finding a little after its share of the time in all; the
+    window search then runs from the warm start for what is left."""
     from optpipe.solvers import compile as compile_module
     from optpipe.solvers import cpsat, lns
     from optpipe.solvers.result import SolveResult
@@ -198,6 +199,7 @@ def test_a_stalled_whole_model_hands_the_rest_of_the_time_to_the_window_search(m
     monkeypatch.setattr(lns, "improve", windows)
     compiled = compile_problem(problem, time_limit_s=20.0, workers=2)
     assert calls["whole"]["stall_from_start"] and 2.5 <= calls["whole"]["stall_s"] <= 5.0  # a quarter of what is left
+    assert 1.0 <= calls["whole"]["time_limit_s"] <= 5.0  # ... and a quarter in all
     assert 10.0 < calls["windows"] <= 20.0  # the rest of the time limit
     assert compiled.judged.timeline.fits and compiled.resolution_ms == 0.5
 
