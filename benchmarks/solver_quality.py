@@ -143,7 +143,7 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only:
              budgets: list[float] | None = None, repeat: int = 1) -> list[dict]:
     """The generated grid at each time limit: table, targets and JSON (results/solver_quality_grid.json,
     or solver_quality_grid_only.json for the problems whose names contain ``only``, or any of its
-    comma-separated parts); with
+    comma-separated parts; _seedN added for a grid of another seed); with
     ``budgets``, each problem at each of those multiples of its budget instead
     (solver_quality_grid_budgets.json); with ``repeat`` > 1, each compile that many times, compile's
     seed counting up from ``seed`` (the problems stay those of ``seed``), and each row's spread
@@ -176,7 +176,8 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only:
                       f"where the heuristic is >1% above the bound {cut} (target 50%), never worse than the best "
                       f"heuristic: "
                       f"{'yes' if t['never_worse_than_heuristic'] else 'NO'}")
-    name = "solver_quality_grid" + ("_budgets" if budgets else "_only" if only else "") + ("_repeat" if repeat > 1 else "")
+    name = ("solver_quality_grid" + ("_budgets" if budgets else "_only" if only else "") + ("_repeat" if repeat > 1 else "")
+            + (f"_seed{seed}" if seed else ""))  # another seed's problems never overwrite seed 0's record
     save(name, rows, time_limits_s=time_limits, seed=seed, summary=totals, only=only or None,
          budget_factors=budgets or None, runs=repeat, stability=spread)
     return rows
