@@ -74,3 +74,14 @@ def test_a_repeated_grid_run_compiles_each_problem_again_with_the_next_seed(monk
     assert saved["name"] == "solver_quality_grid_only_repeat" and saved["runs"] == 2
     (spread,) = saved["stability"]
     assert spread["runs"] == 2 and spread["within_2_percent"] == 2  # grid00 is solved to optimality
+
+
+def test_a_grid_of_another_seed_is_saved_under_its_own_name(monkeypatch):
+    """Seed 0's grid is the committed record; another seed's run must not overwrite it."""
+    import benchmarks.solver_quality as quality
+
+    saved = {}
+    monkeypatch.setattr(quality, "save", lambda name, rows, **meta: saved.update(name=name, **meta))
+    rows = quality.run_grid([2.0], seed=3, only="grid00")
+    assert saved["name"] == "solver_quality_grid_only_seed3" and saved["seed"] == 3
+    assert [r["problem"] for r in rows] == ["grid00-p4-v1-m8-b0.5-k1"]
