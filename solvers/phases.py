@@ -24,6 +24,14 @@ F, B and W (``work``), any recomputes, and is otherwise idle; so the makespan is
   trip to its highest stage) it runs only forwards (and recomputes), and every one of them still
   holds its activation then, unless its offload ended, and the offloads run one at a time after
   the first forward. The forward work that fits is again a knapsack; the rest of that window is idle.
+- **Burst.** A device that holds stage 0 alone (v = 1, no recompute) cannot pace its warm-up to
+  its host link: stage 0's forwards wait for no data, and an op starts as soon as its device and
+  data allow, so every forward before the first backward runs back to back from time 0. The k-th
+  starts at (k - 1) x F and takes its activation then, while the offloads, one at a time, have
+  freed at most those that ended by then (each starting no earlier than its forward's end). The
+  first forward that does not fit ends the burst: at most K forwards, and the window less K x F is
+  idle; with K below m, not every forward can come before the first backward. The knapsack above lets the offloads keep pace instead (seed 1's grid08, p = 8, k = 2:
+  72.1 ms of idle before device 0's first backward there, 143.6 here).
 
 - **Last backward.** The device's last backward is on its lowest stage (the same reason), and
   after it ends the makespan is still at least that stage's tail away (the backward passes
@@ -54,6 +62,7 @@ __all__ = ["PhaseIdle", "phase_idle"]
 
 _F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
 _INF = float("inf")
+_SLACK_MS = 1e-6  # an offload that ends this close after a forward's start counts as freed before it
 
 
 @dataclass(frozen=True)
@@ -182,13 +191,17 @@ def phase_idle(problem: Problem, device: int, head: dict, tail: dict) -> PhaseId
     span = head[(_B, low)] - head[(_F, top)] - f[top]  # from the last forward's end to B(low)'s start
     drain = _drain_idle(problem, (f, b, w), stages, span, pending, back_ms)
     last = _last_idle(problem, w, stages, tail[(_B, low)])
-    warm = _warm_idle(problem, f, stages, head[(_B, top)] - start, pending, out_ms)
+    burst = _burst(problem, stages, f, out_ms)
+    warm = max(_warm_idle(problem, f, stages, head[(_B, top)] - start, pending, out_ms),
+               head[(_B, top)] - start - burst * f[top])
     # Case B: every forward before the first backward. At the last forward's start the device
     # holds every pair it has not offloaded; with offload the offloads that make room end first.
     pairs = m * len(stages)
     room = _most_pairs(stages, pending, m, budget - act[top])
     must_go = max(0, pairs - 1 - room)
-    if must_go == 0:
+    if burst < pairs:  # a burst that ends before the last forward: some backward comes first
+        case_b = _INF
+    elif must_go == 0:
         case_b = 0.0
     elif offload.enabled:
         forwards = m * sum(f[s] for s in stages)
@@ -254,6 +267,22 @@ def _warm_idle(problem: Problem, f: tuple[float, ...], stages: tuple[int, ...], 
     idles = [window - held - n * most]
     idles += [first + k * out_ms - held - k * most for k in (n + 1, pairs) if n < k]
     return max(0.0, min(idles))
+
+
+def _burst(problem: Problem, stages: tuple[int, ...], f: tuple[float, ...], out_ms: float) -> float:
+    """How many forwards the device can run before its first backward when they run back to back
+    from time 0 (the module docstring's burst); inf where the argument does not hold."""
+    if stages != (0,) or problem.recompute.enabled:
+        return _INF
+    act, budget, m = problem.memory.activation[0], problem.memory.budget, problem.microbatches
+    ends: list[float] = []  # the offloads' earliest ends, in order
+    for k in range(m):
+        start = k * f[0]
+        freed = sum(1 for end in ends if end <= start + _SLACK_MS)  # frees first at one instant, generously
+        if (k + 1 - freed) * act > budget:
+            return k
+        ends.append(max(start + f[0], ends[-1] if ends else 0.0) + out_ms)
+    return m
 
 
 def _most_pairs(stages: tuple[int, ...], pending: dict[int, int], m: int, room: int) -> int:

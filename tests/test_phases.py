@@ -60,8 +60,8 @@ def test_zero_bubble_h1_is_optimal_on_the_zero_bubble_profile():
     assert _others(problem) < zb.makespan - 70
 
 
-def _problem(p, v, placement, m, f, b, w, act, keep, budget, offload=None, recompute=None) -> Problem:
-    return Problem("phases", Pipeline(p, v, placement, m), Costs(f, b, w, 0.0), Memory(act, keep, budget),
+def _problem(p, v, placement, m, f, b, w, act, keep, budget, offload=None, recompute=None, p2p=0.0) -> Problem:
+    return Problem("phases", Pipeline(p, v, placement, m), Costs(f, b, w, p2p), Memory(act, keep, budget),
                    offload or Offload(), recompute or Recompute())
 
 
@@ -105,13 +105,14 @@ _costs = st.sampled_from([1.0, 2.0, 3.0])
 @given(f=st.tuples(_costs, _costs), b=st.tuples(_costs, _costs), w=st.tuples(st.sampled_from([0.5, 1.0, 2.0]), _costs),
        keep=st.tuples(st.sampled_from([10, 50, 90]), st.sampled_from([10, 50, 90])),
        budget=st.sampled_from([100, 140, 150, 190, 200]), fate=st.sampled_from(["keep", "offload", "recompute"]),
-       bandwidth=st.sampled_from([2e4, 5e4, 4e5]))
-def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, fate, bandwidth):
+       bandwidth=st.sampled_from([2e4, 5e4, 4e5]), p2p=st.sampled_from([0.0, 2.0]))
+def test_never_above_the_brute_force_optimum(f, b, w, keep, budget, fate, bandwidth, p2p):
     """p = 2, m = 2: every schedule the simulator accepts, listed (test_bound_proofs.py), with
-    stage 0's activations kept, offloaded or recomputed in every combination."""
+    stage 0's activations kept, offloaded or recomputed in every combination; a slow p2p makes
+    the warm-up long beside the offloads, where device 0's burst counts."""
     offload = Offload(True, bandwidth, bandwidth, 10**9) if fate == "offload" else None
     recompute = Recompute(True, f, (20, 20)) if fate == "recompute" else None
-    problem = _problem(2, 1, _I, 2, f, b, w, (100, 100), keep, budget, offload, recompute)
+    problem = _problem(2, 1, _I, 2, f, b, w, (100, 100), keep, budget, offload, recompute, p2p)
     free = {} if fate == "keep" else {(0, i): ("keep", fate) if fate == "recompute" else _BOTH for i in range(2)}
     brute = brute_force(problem, free)
     if brute.schedule is not None:
@@ -176,3 +177,20 @@ def test_the_knapsack_is_the_best_whole_choice(groups, capacity):
                 if sum(size for size, _ in pick) <= capacity), default=0.0)
     assert _most_work(groups, capacity) == pytest.approx(best)
     assert _knapsack_dual(groups, capacity) >= best - 1e-9
+
+
+def test_device_0_cannot_pace_its_warm_up_to_a_slow_link():
+    """p = 2, m = 2, one activation and a half of budget, 1.5 ms offloads, p2p 2 ms: stage 0's
+    forwards wait for nothing, so the second would start at 1 ms holding both activations (the
+    first's offload ends at 2.5). Device 0 runs one forward and waits for the round trip, 6 ms
+    (the offload argument alone, pacing forwards to the link, says 1.5); the brute force's
+    optimum, 16.5 ms, meets every bound."""
+    problem = _problem(2, 1, _I, 2, (1.0, 1.0), (1.0, 1.0), (0.5, 0.5), (100, 100), (50, 50), 150,
+                       Offload(True, 100 / 1.5e-3, 100 / 1.5e-3, 10**9), p2p=2.0)
+    paths = data_paths(problem)
+    device0 = phase_idle(problem, 0, paths.head, paths.tail)
+    assert device0.before_backward == pytest.approx(6.0)
+    assert device0.forwards_first == float("inf")  # one forward in the burst: not both before a backward
+    brute = brute_force(problem, {(0, i): _BOTH for i in range(2)})
+    assert brute.makespan_ms == pytest.approx(16.5)
+    assert _phase(problem) == pytest.approx(13.5) and makespan_lower_bound(problem).value <= 16.5 + _EPS
