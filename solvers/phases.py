@@ -30,8 +30,9 @@ F, B and W (``work``), any recomputes, and is otherwise idle; so the makespan is
   starts at (k - 1) x F and takes its activation then, while the offloads, one at a time, have
   freed at most those that ended by then (each starting no earlier than its forward's end). The
   first forward that does not fit ends the burst: at most K forwards, and the window less K x F is
-  idle; with K below m, not every forward can come before the first backward. The knapsack above lets the offloads keep pace instead (seed 1's grid08, p = 8, k = 2:
-  72.1 ms of idle before device 0's first backward there, 143.6 here).
+  idle; with K below m, not every forward can come before the first backward. The knapsack above
+  lets the offloads keep pace instead (seed 1's grid08, p = 8, k = 2: 72.1 ms of idle before
+  device 0's first backward there, 143.6 here).
 
 - **Last backward.** The device's last backward is on its lowest stage (the same reason), and
   after it ends the makespan is still at least that stage's tail away (the backward passes
