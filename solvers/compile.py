@@ -92,11 +92,11 @@ _SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solve
 # per device) 300 s of the whole model never improved its 645 ms warm start; 60 s of windows
 # found 602.6 ms.
 _WHOLE_STALL, _MIN_WINDOWS_S = 0.25, 1.0
-# ... and runs for at most this share in all, even while it still finds better schedules: on the
-# seed-1 grid's grid08 (p = 8, m = 16, k = 2, far tighter) it improves by a few ms every few
-# seconds and never stalls: a 300 s compile ended at 1,202.4 ms with it all along, 1,083.3 with
-# windows from 75 s on.
-_WHOLE_MOST = 0.25
+# ... and at most this share in all (never under _WHOLE_LEAST_S: tiny problems are proved within
+# seconds) even while it finds better: on the seed-1 grid's grid08 (p = 8, m = 16, k = 2) it gains
+# a few ms every few seconds and never stalls; a 300 s compile ended at 1,202.4 ms with it all
+# along, 1,083.3 with windows from 75 s on.
+_WHOLE_MOST, _WHOLE_LEAST_S = 0.25, 10.0
 # What OR-Tools raises on a model whose numbers it cannot hold (a domain past int64 when durations
 # span 1e-6 to 1e12 ms): optpipe's fault, reported as a warning; compile goes on with what it has.
 _MODEL_ERRORS = (ArithmeticError, TypeError, ValueError, RuntimeError)
@@ -341,7 +341,7 @@ def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: floa
             # or has had its share (_WHOLE_MOST).
             handover = stall_s is None and not mixes_only and start is not None
             stall = max(_MIN_STALL_S, _WHOLE_STALL * time_limit_s) if handover else stall_s
-            whole_s = min(time_limit_s, max(_MIN_STALL_S, _WHOLE_MOST * time_limit_s)) if handover else time_limit_s
+            whole_s = min(time_limit_s, max(_WHOLE_LEAST_S, _WHOLE_MOST * time_limit_s)) if handover else time_limit_s
             whole = solve_cpsat(problem, time_limit_s=whole_s, hint=hint, seed=seed, workers=workers,
                                 on_progress=on_progress, resolution_ms=resolution_ms, floor_ms=bound.value,
                                 stall_s=stall, mixes_only=mixes_only, stall_from_start=handover)
