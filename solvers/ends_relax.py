@@ -64,11 +64,11 @@ from optpipe.core.units import format_size
 from .bounds import Bound, Paths, data_paths, device_job, device_jobs
 from .phases import PhaseIdle, phase_idle
 
-__all__ = ["EndIdle", "WindowModel", "after_last_forward", "cool_down_chains", "device_start", "ends_applies",
+__all__ = ["UNITS", "EndIdle", "WindowModel", "after_last_forward", "cool_down_chains", "device_start", "ends_applies",
            "ends_bound", "end_idle", "first_backward", "warm_up_chains"]
 
 _F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
-_UNITS = 4000  # a window in this many units: rounding down costs a few units per op
+UNITS = 4000  # a window in this many units: rounding down costs a few units per op
 _FINE = 16  # ... and the bound's device once more on a grid this many times finer
 _ROUND = 1e-6  # of a unit: float noise never rounds a length up, or a credit down
 _MIN_SOLVE_S = 0.05
@@ -131,7 +131,7 @@ def ends_bound(problem: Problem, *, floor: Bound, time_limit_s: float, workers: 
     best, coarse = _rounds(problem, phases, paths, windows, floor, left, upper_ms, workers, seed)
     if coarse is not None and left() >= _MIN_SOLVE_S and best.value < upper_ms - _EPS_MS:
         device = coarse.device
-        fine = _solve(device, windows[device], budget, min(_ROUND_S[1], left()), workers, seed, _UNITS * _FINE)
+        fine = _solve(device, windows[device], budget, min(_ROUND_S[1], left()), workers, seed, UNITS * _FINE)
         # each end's idle is a proof on either grid: the larger of the two counts
         both = EndIdle(device, max(coarse.warm_up, fine.warm_up), max(coarse.cool_down, fine.cool_down),
                        coarse.proved or fine.proved)
@@ -175,7 +175,7 @@ def _windows(problem: Problem, device: int, paths: Paths) -> tuple[tuple, tuple]
 
 
 def _solve(device: int, windows: tuple, budget: int, time_limit_s: float, workers: int | None, seed: int,
-           units: int = _UNITS) -> EndIdle:
+           units: int = UNITS) -> EndIdle:
     half = max(_MIN_SOLVE_S, time_limit_s / 2)
     idle, proved = [], True
     for window, chains, after in windows:
@@ -307,7 +307,7 @@ def _cool_down(problem: Problem, device: int, paths: Paths, jobs) -> tuple[float
 
 
 def _most_busy(window: float, chains: dict, after: list, budget: int, time_limit_s: float, workers: int | None,
-               seed: int, units: int = _UNITS) -> tuple[float, bool]:
+               seed: int, units: int = UNITS) -> tuple[float, bool]:
     """An upper bound (ms) on the compute time the chains can run in [0, window) within the budget,
     and whether CP-SAT proved it the most.
 
@@ -326,7 +326,7 @@ def _most_busy(window: float, chains: dict, after: list, budget: int, time_limit
 class WindowModel:
     """The CP-SAT model of one window, in whole units (the module docstring says why they are safe)."""
 
-    def __init__(self, window: float, units: int = _UNITS):
+    def __init__(self, window: float, units: int = UNITS):
         self.window, self.unit = window, window / units
         self.end = self.up(window)
         self.cp = cp_model.CpModel()

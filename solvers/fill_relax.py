@@ -34,18 +34,17 @@ import time
 
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import OpKind
+from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.units import format_size
 
 from .bounds import Bound, Paths, data_paths, device_jobs
-from .ends_relax import (WindowModel, after_last_forward, cool_down_chains, device_start, first_backward,
+from .ends_relax import (UNITS, WindowModel, after_last_forward, cool_down_chains, device_start, first_backward,
                          warm_up_chains)
 from .phases import phase_idle
 
 __all__ = ["fed_applies", "fed_bound", "fed_cool_down_idle", "fed_warm_up_idle"]
 
 _F, _B = OpKind.F, OpKind.B
-_UNITS = 4000
-_EPS_MS = 1e-9
 _MIN_SOLVE_S = 0.05
 # A device's two ends get at most this long together, the cool-down what the warm-up leaves:
 # grid06 (p = 6, v = 3, m = 18) and grid09 (p = 8, v = 2, m = 24) raise their bounds by 8.3 and
@@ -58,15 +57,15 @@ _MAX_DEVICES = 8
 
 
 def fed_warm_up_idle(problem: Problem, device: int, paths: Paths, *, time_limit_s: float, jobs: dict | None = None,
-                     workers: int | None = None, seed: int = 0, units: int = _UNITS) -> tuple[float, bool]:
+                     workers: int | None = None, seed: int = 0, units: int = UNITS) -> tuple[float, bool]:
     """The idle CP-SAT proves before ``device``'s first backward with its feeders modelled (ms),
     and whether it proved it optimal. ``jobs``: bounds.device_jobs per device, where already built."""
     jobs = _all_jobs(problem, paths, jobs)
     end = first_backward(problem, device, jobs[device])
     start = device_start(problem, device, paths)
-    if end - start <= _EPS_MS:
+    if end - start <= TOLERANCE_MS:
         return 0.0, True
-    modelled = [d for d in range(problem.devices) if first_backward(problem, d, jobs[d]) >= end - _EPS_MS]
+    modelled = [d for d in range(problem.devices) if first_backward(problem, d, jobs[d]) >= end - TOLERANCE_MS]
     windows = {d: warm_up_chains(problem, d, paths, jobs[d], 0.0, end) for d in modelled}
     if not any(chain.releases for chain in windows[device][0].values()):
         return end - start, True  # nothing of the target can start before R
@@ -75,14 +74,14 @@ def fed_warm_up_idle(problem: Problem, device: int, paths: Paths, *, time_limit_
 
 
 def fed_cool_down_idle(problem: Problem, device: int, paths: Paths, *, time_limit_s: float, jobs: dict | None = None,
-                       workers: int | None = None, seed: int = 0, units: int = _UNITS) -> tuple[float, bool]:
+                       workers: int | None = None, seed: int = 0, units: int = UNITS) -> tuple[float, bool]:
     """The idle CP-SAT proves after ``device``'s last forward with the devices that send it
     backward passes modelled, backwards in time from the makespan (ms), and whether it proved it."""
     jobs = _all_jobs(problem, paths, jobs)
     window = after_last_forward(problem, device, jobs[device])
-    if window <= _EPS_MS:
+    if window <= TOLERANCE_MS:
         return 0.0, True
-    modelled = [d for d in range(problem.devices) if after_last_forward(problem, d, jobs[d]) >= window - _EPS_MS]
+    modelled = [d for d in range(problem.devices) if after_last_forward(problem, d, jobs[d]) >= window - TOLERANCE_MS]
     windows = {d: cool_down_chains(problem, d, paths, jobs[d], window) for d in modelled}
     busy, optimal = _most_busy_fed(problem, device, windows, _B, paths.lag_up, window, time_limit_s, workers, seed, units)
     return max(0.0, window - busy), optimal
@@ -137,9 +136,9 @@ def fed_bound(problem: Problem, *, floor: Bound, time_limit_s: float, upper_ms: 
     devices = sorted(phases, key=lambda d: (-phases[d].value, d))[:_DEVICES]
     for device in devices:
         left = time_limit_s - (time.monotonic() - began)
-        if left < _MIN_SOLVE_S or best.value >= upper_ms - _EPS_MS:
+        if left < _MIN_SOLVE_S or best.value >= upper_ms - TOLERANCE_MS:
             break
-        if phases[device].with_ends(*_windows(problem, device, paths, jobs)) <= best.value + _EPS_MS:
+        if phases[device].with_ends(*_windows(problem, device, paths, jobs)) <= best.value + TOLERANCE_MS:
             continue  # idle through both whole windows would not raise it
         # the likeliest first, each its whole share; the cool-down what the warm-up leaves of it
         until = time.monotonic() + min(_DEVICE_S, left)

@@ -276,10 +276,12 @@ def _burst(problem: Problem, stages: tuple[int, ...], f: tuple[float, ...], out_
     if stages != (0,) or problem.recompute.enabled:
         return _INF
     act, budget, m = problem.memory.activation[0], problem.memory.budget, problem.microbatches
-    ends: list[float] = []  # the offloads' earliest ends, in order
+    ends: list[float] = []  # the offloads' earliest ends, one at a time, so in order
+    freed = 0
     for k in range(m):
         start = k * f[0]
-        freed = sum(1 for end in ends if end <= start + _SLACK_MS)  # frees first at one instant, generously
+        while freed < len(ends) and ends[freed] <= start + _SLACK_MS:  # frees first at one instant, generously
+            freed += 1
         if (k + 1 - freed) * act > budget:
             return k
         ends.append(max(start + f[0], ends[-1] if ends else 0.0) + out_ms)
