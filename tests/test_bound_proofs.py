@@ -19,6 +19,8 @@ import itertools
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from optpipe.core.errors import ScheduleError
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem, Recompute
@@ -31,6 +33,8 @@ from optpipe.solvers.fill_relax import fed_applies, fed_bound
 from optpipe.solvers.floor_relax import floor_relaxation_bound
 from optpipe.solvers.result import Judged, SolveStatus
 from optpipe.solvers.timegrid import choose_grid
+
+from conftest import examples
 
 F, B, W, OFF, REL, RC = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD, OpKind.RECOMPUTE
 _MIDDLE = {"keep": (), "offload": (OFF, REL), "recompute": (RC,)}
@@ -132,6 +136,23 @@ def test_no_analytic_bound_above_the_brute_force_optimum(case):
     assert makespan_lower_bound(problem).value <= brute.makespan_ms + _EPS
     assert max(device_lower_bound(problem, d) for d in range(problem.devices)) <= brute.makespan_ms + _EPS
     assert memory_lower_bound(problem).value <= brute.smallest_peak
+
+
+_ms = st.sampled_from([0.5, 1.0, 2.0, 3.0])
+
+
+@settings(max_examples=examples(40, ci=10), deadline=None)
+@given(f=st.tuples(_ms, _ms), b=st.tuples(_ms, _ms), w=st.tuples(_ms, _ms),
+       keep=st.tuples(st.sampled_from([10, 60, 90]), st.sampled_from([10, 60, 90])),
+       budget=st.sampled_from([100, 130, 160, 190]), offload=st.booleans(), p2p=st.sampled_from([0.0, 1.0]))
+def test_no_analytic_bound_above_the_brute_force_optimum_at_random(f, b, w, keep, budget, offload, p2p):
+    """Where one or two pairs fit, the budget's arguments (area, whole activations, the phases)
+    bind: every schedule, stage 0 kept or offloaded, is listed, at random costs."""
+    link = Offload(True, 1e5, 1e5, 10**9) if offload else None
+    problem = _problem(2, f, b, w, (100, 100), keep, budget, link, p2p=p2p)
+    brute = brute_force(problem, {(0, i): _BOTH for i in range(2)} if offload else {})
+    if brute.schedule is not None:
+        assert makespan_lower_bound(problem).value <= brute.makespan_ms + _EPS, brute.schedule.to_text()
 
 
 def test_cpsat_proven_bound_not_above_the_brute_force_optimum(case):
