@@ -179,9 +179,9 @@ class _Build:
         return True
 
     def capped(self) -> bool:
-        """The memory-capped list schedule that offloads the first chunk (capped_offload.py): far
-        below PO-H's peak it is the fastest start on the 7B-like problem (2,736 ms at 0.7x, where
-        PO-H repaired gives 3,106)."""
+        """The memory-capped offloading list schedule (capped_offload.py): far below PO-H's peak
+        it is the fastest start on the 7B-like problem (2,736 ms at 0.7x, where PO-H repaired
+        gives 3,106)."""
         if self.stop():
             return False
         starts = self._timed(lambda: capped_offload_starts(self.problem, self.deadline))

@@ -10,7 +10,7 @@ from optpipe.core.problem import Offload
 from optpipe.core.problem_file import default_problem
 from optpipe.core.schedule import Op, OpKind
 from optpipe.core.simulate import simulate
-from optpipe.solvers.capped_offload import capped_offload, capped_offload_starts
+from optpipe.solvers.capped_offload import Policy, capped_offload, capped_offload_starts
 from optpipe.solvers.compare import compare
 
 from conftest import uniform_problem
@@ -24,12 +24,14 @@ def _slow_link(p: int, m: int, v: int, budget: int, ms_each_way: float, p2p: flo
 
 @settings(max_examples=40, deadline=None)
 @given(p=st.integers(2, 4), v=st.integers(1, 2), m=st.integers(1, 8), slots=st.integers(1, 6),
-       ms=st.sampled_from([0.5, 1.0, 2.5]), p2p=st.sampled_from([0.0, 0.3]), cap=st.integers(1, 8))
-def test_what_comes_out_simulates_and_fits(p, v, m, slots, ms, p2p, cap):
+       ms=st.sampled_from([0.5, 1.0, 2.5]), p2p=st.sampled_from([0.0, 0.3]), cap=st.integers(1, 8),
+       policy=st.sampled_from(list(Policy)))
+def test_what_comes_out_simulates_and_fits(p, v, m, slots, ms, p2p, cap, policy):
     """Every allocation is checked against the device's memory from its start on, and the times are
-    the simulator's: a schedule the pass returns fits, whatever the cap (None: it deadlocked)."""
+    the simulator's: a schedule the pass returns fits, whatever the cap and the policy (None: it
+    deadlocked)."""
     problem = _slow_link(p, m, v, budget=100 * max(slots, v) + 60, ms_each_way=ms, p2p=p2p)
-    schedule = capped_offload(problem, cap)
+    schedule = capped_offload(problem, cap, policy)
     if schedule is not None:
         timeline = simulate(problem, schedule)
         assert timeline.fits, (timeline.peak, problem.memory.budget)  # and it is complete: simulate checks
@@ -74,3 +76,24 @@ def test_a_small_cap_holds_few_microbatches(cap):
         in_flight += 1 if op.kind.name == "F" else -1
         most = max(most, in_flight)
     assert most == cap
+
+
+def test_link_free_offloads_only_what_the_idle_link_can_take_back_in_time():
+    # p = 4, m = 8, F = B = W = 1 ms, transfers of 1.5 ms each way: stage 0's round trip (6 ms)
+    # outlasts an offload and a reload, the last stage's (0 ms) does not.
+    problem = _slow_link(4, 8, 1, budget=300, ms_each_way=1.5)
+    schedule = capped_offload(problem, 4, Policy.LINK_FREE)
+    assert "link free" in schedule.name
+    offloaded = schedule.offloaded
+    assert offloaded and all(stage < 3 for stage, _ in offloaded)
+    assert simulate(problem, schedule).fits
+
+
+def test_the_starts_keep_the_faster_policy():
+    problem = _slow_link(4, 16, 2, budget=300, ms_each_way=3.0)
+    [start] = capped_offload_starts(problem)
+    for policy in Policy:
+        for cap in range(1, 13):
+            schedule = capped_offload(problem, cap, policy)
+            if schedule is not None and (timeline := simulate(problem, schedule)).fits:
+                assert start.makespan_ms <= timeline.makespan + 1e-9
