@@ -3,10 +3,11 @@
 PO-H and its repairs keep GIS-H's deep warm-up and make it fit by offloading more; far below
 PO-H's peak the offloads cannot keep up (k > 1) and the pipeline runs at the link's pace. Here
 the number of microbatches a device has in flight is capped instead, activations are offloaded
-right after their F, and each reload is issued as late as still ends before its B. Over all devices the op that can start earliest is placed next (ties: B, then F,
-then W; a W only where it fits in the idle time before the next F or B), and every allocation
-is checked against the device's memory from its start on, so the simulator reproduces the
-times and the peak: a schedule that comes out fits.
+right after their F, and each reload is issued as late as still ends before its B. Over all
+devices the op that can start earliest is placed next (ties: B, then F, then W; a W only where
+it fits in the idle time before the next F or B), and every allocation is checked against the
+device's memory from its start on, so the simulator reproduces the times and the peak: a
+schedule that comes out fits.
 
 On the 7B-like problem (p = 8, v = 2, m = 32, k = 2.2) at 0.7x of PO-H's peak this gives
 2,736 ms where PO-H repaired gives 3,106; on the generated grid it is rarely the best start. A

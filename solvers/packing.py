@@ -162,7 +162,7 @@ class _MasterLP:
         if tail_ms > 0:
             self.tail_row = len(rows)
             rows.append((tail_ms, self.inf))
-        self.edge_rows = list(range(len(rows), len(rows) + len(edges)))  # k + 1 pairs at most, the k-th
+        self.edge_rows = list(range(len(rows), len(rows) + len(edges)))  # the k-th: at most k pairs held
         rows += [(ms, self.inf) for ms in edges]
         offloads = [k for k, st in enumerate(stages) if st.offloaded_ms is not None]
         self.link_rows: list[int] = []
