@@ -41,6 +41,7 @@ from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import duration_ms, stage_ms
 
+from .phases import most_pairs
 from .quiet import quiet_stdout
 
 __all__ = ["packing_bound"]
@@ -90,34 +91,20 @@ def _edges(problem: Problem, stages: tuple[int, ...]) -> tuple[float, ...]:
 
     The first op is a forward (every other op of a pair follows its forward on the same device) and
     the last a W or a fused BW (which the B and every other op of its pair precede), each op at
-    least the device's shortest. Below the device's number of pairs both windows exist (it has
-    at least k + 1 ops), and they do not overlap while it has at least 2k + 1 compute ops: it
-    has at least two (F and B or BW) per pair.
+    least the device's shortest. For k below the device's number of pairs the two windows do not
+    overlap: it has at least two compute ops (F and B or BW) per pair, so at least 2k + 2.
     """
+    memory, m = problem.memory, problem.microbatches
+    most = most_pairs({s: min(memory.activation[s], memory.weight_activation[s]) for s in stages},
+                      dict.fromkeys(stages, m), memory.budget)  # the smallest holds are weight parts
+    if most > _EDGE_PAIRS:
+        return ()
     kinds = [_F, _B, _W] + ([_RC] if problem.recompute.enabled else [])
     shortest = min(duration_ms(problem, Op(kind, s, 0)) for kind in kinds for s in stages)
     first = min(stage_ms(problem, _F)[s] for s in stages)
     last = min(stage_ms(problem, _W)[s] for s in stages)  # a fused BW lasts longer than its W
-    pairs, most = problem.microbatches * len(stages), _most_pairs(problem, stages)
-    if most > _EDGE_PAIRS:
-        return ()
-    ops = 2 * pairs
-    out = []
-    for k in range(1, min(most, pairs)):  # past the most that fit, every configuration counts
-        start, end = first + (k - 1) * shortest, last + (k - 1) * shortest
-        out.append(start + end if 2 * k + 1 <= ops else max(start, end))
-    return tuple(out)
-
-
-def _most_pairs(problem: Problem, stages: tuple[int, ...]) -> int:
-    """The most pairs the budget holds at once: the smallest holds (weight parts) first."""
-    memory, left, count = problem.memory, problem.memory.budget, 0
-    for size in sorted(min(memory.activation[s], memory.weight_activation[s]) for s in stages):
-        take = problem.microbatches if size <= 0 else min(problem.microbatches, left // size)
-        count, left = count + take, left - take * size
-        if take < problem.microbatches:
-            break
-    return count
+    # past the most that fit (and all the device's pairs) every configuration counts
+    return tuple(first + last + 2 * (k - 1) * shortest for k in range(1, min(most, m * len(stages))))
 
 
 def _stage(problem: Problem, s: int, gap: float) -> _Stage:

@@ -59,7 +59,7 @@ from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import duration_ms, stage_ms
 
-__all__ = ["PhaseIdle", "phase_idle"]
+__all__ = ["PhaseIdle", "most_pairs", "phase_idle"]
 
 _F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD
 _INF = float("inf")
@@ -198,7 +198,7 @@ def phase_idle(problem: Problem, device: int, head: dict, tail: dict) -> PhaseId
     # Case B: every forward before the first backward. At the last forward's start the device
     # holds every pair it has not offloaded; with offload the offloads that make room end first.
     pairs = m * len(stages)
-    room = _most_pairs(stages, pending, m, budget - act[top])
+    room = most_pairs(pending, {s: m - 1 if s == top else m for s in stages}, budget - act[top])
     must_go = max(0, pairs - 1 - room)
     if burst < pairs:  # a burst that ends before the last forward: some backward comes first
         case_b = _INF
@@ -288,12 +288,12 @@ def _burst(problem: Problem, stages: tuple[int, ...], f: tuple[float, ...], out_
     return m
 
 
-def _most_pairs(stages: tuple[int, ...], pending: dict[int, int], m: int, room: int) -> int:
-    """How many pairs (at most m - 1 of the top stage's, m of the others') fit in ``room`` at once."""
+def most_pairs(sizes: dict[int, int], limits: dict[int, int], room: int) -> int:
+    """How many pairs fit in ``room`` bytes at once, at most ``limits[s]`` of stage s, each holding
+    ``sizes[s]``: the smallest first."""
     count = 0
-    for s in sorted(stages, key=lambda s: pending[s]):
-        size = pending[s]
-        limit = m - 1 if s == max(stages) else m
+    for s in sorted(sizes, key=lambda s: sizes[s]):
+        size, limit = sizes[s], limits[s]
         take = limit if size <= 0 else min(limit, max(0, room) // size)
         count += take
         room -= take * size
