@@ -137,7 +137,7 @@ class MemoryRows:
                         continue
                     # whether each releasing op (B then W, or BW) has ended by the reload: 1, 0 or open
                     ended = {op: _status(data.order(op, f_r), data.order(op, back_r)) for op in chain}
-                    may_be_away = ended[chain[0]] != 1 and not (sa == sr and ia < ir)
+                    may_be_away = ended[chain[0]] != 1  # an earlier microbatch's reload may come later
                     if (sa, ia) in self.recompute and ended[chain[0]] != 1:
                         may_give_back.add((sa, ia))
                     plan.append((sa, ia, started, chain, ended, may_be_away))

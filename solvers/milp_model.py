@@ -253,10 +253,7 @@ class _Builder(MemoryRows, SharedLinks):
                     for t, j in items[n + 1:]:
                         a, b = Op(kind, s, i), Op(kind, t, j)
                         both = 2 - self.offload[(s, i)] - self.offload[(t, j)]
-                        if s == t:  # one stage: microbatch order
-                            first, second = (a, b) if i < j else (b, a)
-                            self.precede(first, second, 0, both)
-                            continue
+                        # one stage too: a later microbatch's transfer may go first (cpsat_tight.py)
                         y = self.lp.add_variable(f"y_{lp_name(a)}_{lp_name(b)}", cat=pulp.LpBinary)
                         self.order[(a, b)] = y
                         self.precede(a, b, 0, both + 1 - y)
@@ -296,9 +293,7 @@ class _Builder(MemoryRows, SharedLinks):
         return [item for d in range(self.problem.devices) if offload.link_of(d) == mate for item in self.items_on[d]]
 
     def channel_before(self, a: Op, b: Op):
-        """1/0 or a 0-1 expression: transfer a is carried before transfer b on their channel."""
-        if a.stage == b.stage:
-            return 1 if a.microbatch < b.microbatch else 0
+        """A 0-1 expression: transfer a is carried before transfer b on their channel."""
         if (a, b) in self.order:
             return self.order[(a, b)]
         return 1 - self.order[(b, a)]

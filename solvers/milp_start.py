@@ -109,7 +109,7 @@ def _ready_values(model: MilpModel, start: dict[Op, float], offloaded, recompute
         ends.update({c: end(c) for (c, target), var in model.ended.items() if target == op and values[var]})
         for (target, source) in model.ready_is:
             if target == op and source.kind is op.kind and source != op:
-                earlier = source.microbatch < op.microbatch if source.stage == op.stage else start[source] < start[op]
+                earlier = start[source] < start[op] or (start[source] == start[op] and source < op)
                 if (source.stage, source.microbatch) in offloaded and earlier:
                     ends[source] = end(source)
         values[ready] = max(ends.values())
