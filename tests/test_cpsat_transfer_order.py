@@ -73,6 +73,6 @@ def test_the_schedule_is_a_solution_of_both_milp_models():
 
 
 def test_cpsat_never_proves_a_bound_above_it():
-    result = solve_cpsat(PROBLEM, time_limit_s=20, hint=SCHEDULE, workers=1, seed=0)
+    result = solve_cpsat(PROBLEM, time_limit_s=5, hint=SCHEDULE, workers=1, seed=0)
     assert result.makespan_ms <= 48.7 + 1e-6
     assert result.lower_bound_ms <= result.makespan_ms + 1e-6
