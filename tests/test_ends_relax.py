@@ -201,7 +201,8 @@ def test_compile_survives_microsecond_ops_beside_terabyte_offloads():
     problem = _problem(3, 2, _I, 4, f, (7.3e-06, 2e-06, 2e-06, 2e-06, 5e-07, 1.46e-05),
                        (7.3e-07, 2e-07, 2e-07, 3e-06, 1e-07, 2.19e-05), (100, 1, tib, gib, gib, 100),
                        (50, 0, tib // 2, 0, gib, 100), 4406636446500, Offload(True, 1000.0, 500.0, 1))
-    compiled = compile_problem(problem, time_limit_s=2.0, workers=2)
+    # the proof takes about 1 s alone; beside the other test workers 2 s once fell short (0.97%)
+    compiled = compile_problem(problem, time_limit_s=6.0, workers=2)
     assert compiled.judged.fits and compiled.lower_bound_ms <= compiled.makespan_ms + 1e-9
     # the models leave out the pairs whose round trip outlasts the horizon: no warning, and the
     # whole model proves the schedule optimal
