@@ -88,10 +88,9 @@ class SharedLinks:
             self.at_least(c, op, 1 - data.duration[c], ended + (1 - present) + gone)
             terms.append((c, 0, [ended]))
         for t, j in self.items_on[data.device(op)]:
-            other = Op(op.kind, t, j)
-            earlier = self.channel_before(other, op) if (t, j) != item else 0
-            if not (isinstance(earlier, int) and earlier == 0):  # carried before op, when it runs
-                terms.append((other, 0, [self.offload[(t, j)]] + ([] if isinstance(earlier, int) else [earlier])))
+            if (t, j) != item:  # carried before op, when it runs
+                other = Op(op.kind, t, j)
+                terms.append((other, 0, [self.offload[(t, j)], self.channel_before(other, op)]))
         tight = []
         for source, gap, ended in terms:
             end = self.start[source] + data.duration[source] + gap

@@ -184,8 +184,6 @@ class MemoryRows:
                         continue
                     off_a, rel_a = Op(_OFF, sa, ia), Op(_REL, sa, ia)
                     earlier = self.channel_before(off_a, event)
-                    if isinstance(earlier, int) and earlier == 0:
-                        continue
                     if data.order(data.back(sa, ia), Op(_F, sb, ib)) == 1:
                         continue  # a is reloaded and used before b's F
                     back = self.claim("back", rel_a, event)

@@ -410,13 +410,9 @@ class _Builder(MemoryRows, SharedLinks):
             if (t, j) == (s, i):
                 continue
             other = Op(kind, t, j)
-            earlier = self.channel_before(other, target)
-            if isinstance(earlier, int) and earlier == 0:
-                continue
             var = self.on_time(target, other, 0, exact=False)
             self.lp += var <= self.offload[(t, j)]
-            if not isinstance(earlier, int):
-                self.lp += var <= earlier
+            self.lp += var <= self.channel_before(other, target)
             options.append(var)
         if kind is _REL:
             options.append(self.on_time(target, Op(_OFF, s, i), 0, exact=False))
