@@ -122,6 +122,22 @@ def test_invalid_schedules(label, devices, message):
         simulate(problem, Schedule.of("broken", devices))
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_cycle_collector_is_left_as_it_was_after_a_simulation_that_fails_or_not(enabled):
+    import gc
+
+    problem = uniform_problem(2, 1)
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        simulate(problem, generate("1F1B", problem))
+        assert gc.isenabled() is enabled
+        assert try_simulate(problem, Schedule.of("broken", BROKEN[0][1])) is None
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_cycle_names_the_ops_that_wait_on_each_other():
     problem = uniform_problem(2, 2)
     schedule = Schedule.of("crossed", [
