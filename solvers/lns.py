@@ -23,8 +23,9 @@ ops there held in their order, free ops between them: ``Scope.chains``), a round
 that carry single ops, or chains of them along the critical path, across any distance, or rounds that
 move a W out of every stretch of the critical path at once (wdefer.py), which also runs right after a
 window makes the schedule faster: a re-timed stretch often leaves a W on the new critical path
-(design.md, "W passes on the critical path"). The portfolio's second search also solves the whole warm-up
-in long windows (``deep_warm_up``). Kinds that pay are picked more often (seeded); a neighbourhood solved
+(design.md, "W passes on the critical path"), and from 16 devices on first of all, until no round
+pays (``wdefer.search_defers_first``: there the pass the starts began may have been cut). The
+portfolio's second search also solves the whole warm-up in long windows (``deep_warm_up``). Kinds that pay are picked more often (seeded); a neighbourhood solved
 without gain is not solved again at the same incumbent, and a kind's retries look at larger slices. Every
 accepted step is simulated, fits, and is no worse than the incumbent.
 
@@ -61,7 +62,7 @@ from .neighbourhoods import DEEP, DEEP_MAX_SIZE, DEEP_SHARE, DEEP_SIZE, Neighbou
 from .recompute import flip_decisions
 from .result import Judged, Progress
 from .timegrid import Grid, choose_grid
-from .wdefer import defer_critical_w, pays as defer_pays
+from .wdefer import defer_critical_w, pays as defer_pays, search_defers_first
 from .window import offloaded_pairs, splice, window_scope
 
 __all__ = ["improve", "Search", "KINDS", "search_score"]
@@ -126,6 +127,7 @@ class _State:
     last_size: int = 0  # ops per device of the last neighbourhood
     deep_size: int = DEEP_SIZE  # the deep warm-up's size (``deep_warm_up``)
     defer_next: bool = False  # a window made the schedule faster: defer W passes next (_neighbourhood)
+    whole_pass: bool = False  # the next W deferral runs until no round pays (wdefer.search_defers_first)
 
 
 def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: int = 0,
@@ -133,7 +135,8 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
             window_limit_s: float = 2.0, on_progress: Callable[[Progress], None] | None = None,
             bound_ms: float | None = None, restarts: Sequence[Schedule] = (), restart_share: float = 0.4,
             kinds: Sequence[str] = KINDS, max_windows: int | None = None,
-            deterministic: bool = False, peer: Peer | None = None, deep_warm_up: bool = False) -> Search:
+            deterministic: bool = False, peer: Peer | None = None, deep_warm_up: bool = False,
+            defer_first: bool = True) -> Search:
     """Improve a fitting schedule neighbourhood by neighbourhood until the time limit (or
     ``bound_ms``, or ``max_windows``); never worse than ``schedule``, and always fitting.
 
@@ -147,7 +150,9 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     (exchange.py, portfolio.py). ``deep_warm_up``: below 12 devices with two or more chunks per
     device, solve the whole warm-up in long windows before anything else (after the restarts),
     again at every new incumbent, with at most half the time (``deep_applies``; the portfolio
-    gives it to its second search).
+    gives it to its second search). ``defer_first``: from 16 devices on, finish the start's W deferral
+    pass before any window (``wdefer.search_defers_first``; the portfolio's second search does not:
+    the pass is deterministic, and that core runs windows meanwhile).
     """
     if schedule.recomputed:  # window models place no RECOMPUTE (issue 14): the choices are searched by flips
         return _flips(problem, schedule, time.monotonic() + time_limit_s, random.Random(seed))
@@ -158,7 +163,8 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
         kinds = tuple(kind for kind in KINDS if kind != "defer")
     grid = choose_grid(problem)
     context = _Context(problem, grid, rng, workers, per_device, max_per_device, follow, window_limit_s,
-                       tuple(kinds), deterministic, bound_ms, on_progress, began)
+                       tuple(kinds), deterministic, bound_ms, on_progress, began,
+                       defer_first=defer_first and "defer" in kinds and search_defers_first(problem))
     first = simulate(problem, schedule)
     starts = [(schedule, first)] + [(s, t) for s in restarts if (t := simulate(problem, s)).fits]
     windows = [max_windows] if max_windows is not None else None
@@ -210,9 +216,12 @@ class _Context:
     deep_from: float = 0.0  # when they began
     deep_s: float = 0.0  # CP-SAT time spent on them
     peer: Peer | None = None
+    defer_first: bool = False  # each start's W deferral pass runs to its end before any window
 
     def state(self, schedule: Schedule, timeline: Timeline) -> _State:
-        return _State(schedule, timeline, search_score(timeline), self.per_device)
+        first = self.defer_first
+        return _State(schedule, timeline, search_score(timeline), self.per_device, defer_next=first,
+                      whole_pass=first)
 
     def restarts(self, starts: list[tuple[Schedule, Timeline]], share: float, deadline: float,
                  windows: list[int] | None) -> _State:
@@ -350,7 +359,10 @@ class _Context:
                 windows[0] -= 1
             hood = self._neighbourhood(state)
             if isinstance(hood, str):
-                self._moves(state, hood, min(deadline, time.monotonic() + (_DEFER_S if hood == "defer" else _MOVES_S)))
+                whole = hood == "defer" and state.whole_pass
+                state.whole_pass = False
+                self._moves(state, hood, deadline if whole else
+                            min(deadline, time.monotonic() + (_DEFER_S if hood == "defer" else _MOVES_S)))
                 continue
             scope, inside = window_scope(problem, state.timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices,
                                    hood.microbatches)

@@ -71,7 +71,9 @@ def improve_in_parallel(problem: Problem, schedule: Schedule, *, time_limit_s: f
     deadline = time.monotonic() + time_limit_s
     # the second search solves the warm-up in long windows first (neighbourhoods.deep_applies),
     # where the first one's short windows cannot reorder a whole fill
-    options = dict(seed=seed + 1, workers=max(1, workers // 2), bound_ms=bound_ms, deep_warm_up=True)
+    # ... and runs windows while the first finishes the start's W deferral pass (deterministic: one is enough)
+    options = dict(seed=seed + 1, workers=max(1, workers // 2), bound_ms=bound_ms, deep_warm_up=True,
+                   defer_first=False)
     # ... and leaves the restarts to the first: a deep window needs the time more
     theirs_from = () if deep_applies(problem) else tuple(restarts)
     process = context.Process(target=_other, args=(problem, schedule, theirs_from, options, deadline,

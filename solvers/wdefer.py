@@ -43,7 +43,7 @@ from .moves import idle_gaps
 from .reload_advance import advanced_reloads
 from .reload_delay import delayed_reloads
 
-__all__ = ["Round", "ROUNDS", "defer_critical_w", "deferred", "pays"]
+__all__ = ["Round", "ROUNDS", "defer_critical_w", "deferred", "pays", "search_defers_first"]
 
 _W = OpKind.W
 _EPS = TOLERANCE_MS
@@ -54,6 +54,11 @@ _RETRIES = 3  # a round tried again without the devices that overflowed, at most
 # against 0.3% and 1.7% (one run each; noisy rows, docs/design.md); at p = 12 they took grid14
 # from 4.5% to 2.2% and 3.2% in two grid runs.
 _FROM_DEVICES = 12
+# From this many devices on the window search defers first, to the end of the pass: there its windows
+# moved no start in a 60 s compile (grid17 to grid24), while the starts' pass had stopped at its share of
+# the limit with rounds still paying. Seed 1's grid24 (p = 32, v = 2, m = 256): compile returned
+# 17,213.4 ms; 40 s more of the same pass took that to 16,188.9 (bound 15,966.4).
+_FIRST_FROM_DEVICES = 16
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,12 @@ def _targets(timeline: Timeline, rule: Round, ws: list[Op], stretch: list[OpTimi
 def pays(problem: Problem) -> bool:
     """Whether compile defers critical W passes on this problem (_FROM_DEVICES)."""
     return problem.devices >= _FROM_DEVICES
+
+
+def search_defers_first(problem: Problem) -> bool:
+    """Whether the window search runs W deferral before any window, until no round pays
+    (_FIRST_FROM_DEVICES)."""
+    return problem.devices >= _FIRST_FROM_DEVICES
 
 
 def defer_critical_w(problem: Problem, schedule: Schedule, timeline: Timeline,

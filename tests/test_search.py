@@ -176,3 +176,25 @@ def test_a_window_that_gains_is_followed_by_w_deferral():
     for k in gains:
         if k + 1 < len(seen):
             assert "critical W passes deferred" in seen[k + 1], seen
+
+
+def test_from_16_devices_the_search_finishes_the_start_s_w_deferral_before_any_window():
+    """There windows move no start in a 60 s compile, and the pass the starts began may have been
+    cut at its share of the limit (wdefer.search_defers_first)."""
+    from benchmarks.problem_grid import generated
+    from optpipe.solvers import registry
+    from optpipe.solvers.wdefer import defer_critical_w
+
+    problem = generated(0, 16, 1, 16, 1.0, None, seed=0)
+    schedule = registry.generate("GIS-H", problem)  # each W right after its B: deferral pays
+    problem = problem.with_budget(max(problem.memory.budget, simulate(problem, schedule).peak))
+    _, whole_pass = defer_critical_w(problem, schedule, simulate(problem, schedule))
+    runs = {}
+    for first in (True, False):
+        seen = []
+        search = improve(problem, schedule, time_limit_s=60.0, workers=1, seed=1, max_windows=1, deterministic=True,
+                         window_limit_s=0.5, defer_first=first, on_progress=lambda progress: seen.append(progress.message))
+        runs[first] = (search.best.makespan_ms, seen)
+    assert "critical W passes deferred" in runs[True][1][0]
+    assert runs[True][0] == pytest.approx(whole_pass.makespan)  # where the pass alone ends
+    assert "critical W passes deferred" not in runs[False][1][0]  # the portfolio's other search: windows
