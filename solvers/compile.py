@@ -200,7 +200,7 @@ def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: fl
     out_of_time = start is not None and left <= max(MIN_STEP_S, _SEARCH_SIMS * reserve)
     result = None if meets_bound or out_of_time else _verified(problem, solver, warnings, lambda: _run(
         problem, solver, hint, left, seed, workers, on_progress, bound, candidates, mixes_only=mixes_only,
-        resolution_ms=resolution))
+        resolution_ms=resolution, simulation_s=reserve))
     elapsed = time.monotonic() - began
     chosen = _better(result, start)
     if chosen is None:
@@ -327,7 +327,7 @@ def _heuristic(problem: Problem, solver: str, entries: list[Entry], baseline: Ju
 def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: float, seed: int,
          workers: int | None, on_progress, bound: Bound, candidates: list[Judged] = (),
          stall_s: float | None = None, mixes_only: bool = False,
-         resolution_ms: float | None = None) -> SolveResult | None:
+         resolution_ms: float | None = None, simulation_s: float = 0.0) -> SolveResult | None:
     """The chosen solver from ``start``; ``stall_s`` ends a whole-problem CP-SAT solve early when it
     finds nothing better for that long; ``mixes_only`` has it search only schedules that both
     offload and recompute."""
@@ -353,7 +353,7 @@ def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: floa
         from .portfolio import improve_in_parallel, parallel_applies  # lazy: loads OR-Tools (through lns)
 
         left = time_limit_s - (time.monotonic() - began)
-        search_with = improve_in_parallel if parallel_applies(problem, left, workers or 1) else improve
+        search_with = improve_in_parallel if parallel_applies(problem, left, workers or 1, simulation_s) else improve
         search = search_with(problem, start.schedule, time_limit_s=left, seed=seed, workers=workers,
                              on_progress=on_progress, bound_ms=bound.value, restarts=_restarts(problem, start, candidates))
         return SolveResult("cpsat", SolveStatus.FEASIBLE, search.best.schedule.renamed("cpsat"), search.best.timeline,

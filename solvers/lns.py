@@ -85,6 +85,10 @@ _MOVES_TRIES = 40  # simulations in one round of list moves (deterministic mode)
 # grid06 2,983.0 ms at 60 s against 2,969.2 with the deep ones alone, and moved grid14 and 17
 # within their noise.
 _LIMIT_FACTOR = {"sweep": 1, "idle": 1, "random": 1, "bottleneck": 5, DEEP: 5}
+# A step (a window or a round of list moves) takes at least this many simulations' time: it begins
+# with a critical path or a window's scope and ends by simulating what it made. At p = 32, m = 256
+# (0.4 s a simulation) a round of list moves begun 0.5 s before the deadline ended 0.9 s past it.
+_STEP_SIMS = 2
 _FLIP_SHARE = 0.25  # of the time, with [recompute]: keep / offload / recompute flips after the windows
 
 _EPS = TOLERANCE_MS
@@ -165,7 +169,9 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
     context = _Context(problem, grid, rng, workers, per_device, max_per_device, follow, window_limit_s,
                        tuple(kinds), deterministic, bound_ms, on_progress, began,
                        defer_first=defer_first and "defer" in kinds and search_defers_first(problem))
+    simulated = time.monotonic()
     first = simulate(problem, schedule)
+    context.step_s = _STEP_SIMS * (time.monotonic() - simulated)
     starts = [(schedule, first)] + [(s, t) for s in restarts if (t := simulate(problem, s)).fits]
     windows = [max_windows] if max_windows is not None else None
     best = context.restarts(starts, restart_share * time_limit_s / len(starts), deadline, windows)
@@ -217,6 +223,7 @@ class _Context:
     deep_s: float = 0.0  # CP-SAT time spent on them
     peer: Peer | None = None
     defer_first: bool = False  # each start's W deferral pass runs to its end before any window
+    step_s: float = 0.0  # the least a step takes (_STEP_SIMS): none is begun with less time left
 
     def state(self, schedule: Schedule, timeline: Timeline) -> _State:
         first = self.defer_first
@@ -262,6 +269,7 @@ class _Context:
             kept = timeline.makespan < state.timeline.makespan - _EPS
         else:
             moved = improve_by_moves(self.problem, state.schedule, deadline=deadline, rng=self.rng,
+                                     timeline=state.timeline,
                                      max_tries=_MOVES_TRIES if self.deterministic else None)
             schedule, timeline, kept = moved.schedule, moved.timeline, moved.kept
         if not (kept and self._keep(state, kind, schedule, timeline, ties=True)):
@@ -346,7 +354,7 @@ class _Context:
         problem, grid = self.problem, self.grid
         # What a window costs besides its solve (scope, model, splice, simulate; about a second each at
         # p = 32, m = 256): no window starts, and no solve runs, into the time that needs at the end.
-        overhead = 0.0
+        overhead = self.step_s
         while (left := deadline - time.monotonic() - overhead) > 0.05 and (windows is None or windows[0] > 0):
             iteration = time.monotonic()
             if self.peer is not None:

@@ -34,13 +34,19 @@ from .result import Judged, Progress
 __all__ = ["improve_in_parallel", "parallel_applies"]
 
 _MIN_S = 10.0  # a shorter search keeps to one process: a second one pays only over many windows
+# ... and so does one whose time holds fewer than this many simulations: the other's answer is sent,
+# read back and simulated again here, each about a simulation's time. At p = 32, m = 256 (0.4 s a
+# simulation) a 10.9 s search with two processes waited 1 s for the other's answer, and compile
+# returned 0.1 to 0.3 s past its limit.
+_MIN_SIMS = 40
 _GRACE_S = 5.0  # how long past its deadline the other search may take to hand in its answer
 
 
-def parallel_applies(problem: Problem, time_limit_s: float, workers: int) -> bool:
-    """Two processes when there are two cores for them, time for many windows and fork to start
-    the second one cheaply; not with recompute (its flips phase is one search's job)."""
-    return (workers >= 2 and time_limit_s >= _MIN_S and not problem.recompute.enabled
+def parallel_applies(problem: Problem, time_limit_s: float, workers: int, simulation_s: float = 0.0) -> bool:
+    """Two processes when there are two cores for them, time for many windows (and simulations,
+    each ``simulation_s``) and fork to start the second one cheaply; not with recompute (its flips
+    phase is one search's job)."""
+    return (workers >= 2 and time_limit_s >= max(_MIN_S, _MIN_SIMS * simulation_s) and not problem.recompute.enabled
             and "fork" in multiprocessing.get_all_start_methods())
 
 

@@ -100,6 +100,9 @@ def test_two_searches_only_with_two_cores_time_and_no_recompute():
     assert portfolio.parallel_applies(OFFLOAD, 60.0, 2)
     assert not portfolio.parallel_applies(OFFLOAD, 60.0, 1)
     assert not portfolio.parallel_applies(OFFLOAD, 1.0, 2)
+    # a second process's answer costs simulations to send and judge: not where few fit in the time
+    assert portfolio.parallel_applies(OFFLOAD, 12.0, 2, simulation_s=0.01)
+    assert not portfolio.parallel_applies(OFFLOAD, 12.0, 2, simulation_s=0.4)
     recompute = replace(OFFLOAD, recompute=Recompute(True, (1.0,) * 4, (10,) * 4))
     assert not portfolio.parallel_applies(recompute, 60.0, 2)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 
 import pytest
 
@@ -122,6 +123,19 @@ def test_list_moves_keep_every_op_never_worse_and_fit(problem):
     assert again.fits
     assert move_score(again) <= move_score(start.timeline)
     assert start.schedule == _fitting(problem)[0].schedule  # the input is not changed
+
+
+def test_list_moves_begin_no_simulation_past_their_deadline(monkeypatch):
+    from optpipe.solvers import moves
+
+    start = _fitting(OFFLOAD)[0]
+    simulated = []
+    real = moves.try_simulate
+    monkeypatch.setattr(moves, "try_simulate", lambda *args: simulated.append(1) or real(*args))
+    moved = improve_by_moves(OFFLOAD, start.schedule, deadline=time.monotonic() - 1.0, rng=random.Random(0),
+                             timeline=start.timeline)
+    assert (moved.tried, simulated) == (0, [])
+    assert moved.schedule == start.schedule
 
 
 @pytest.mark.parametrize("kind", WINDOW_KINDS)
