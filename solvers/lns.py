@@ -25,9 +25,10 @@ move a W out of every stretch of the critical path at once (wdefer.py), which al
 window makes the schedule faster: a re-timed stretch often leaves a W on the new critical path
 (design.md, "W passes on the critical path"), and from 16 devices on first of all, until no round
 pays (``wdefer.search_defers_first``: there the pass the starts began may have been cut). The
-portfolio's second search also solves the whole warm-up in long windows (``deep_warm_up``). Kinds that pay are picked more often (seeded); a neighbourhood solved
-without gain is not solved again at the same incumbent, and a kind's retries look at larger slices. Every
-accepted step is simulated, fits, and is no worse than the incumbent.
+portfolio's second search also solves the whole warm-up in long windows (``deep_warm_up``). Kinds
+that pay are picked more often (seeded); a neighbourhood solved without gain is not solved again at
+the same incumbent, and a kind's retries look at larger slices. Every accepted step is simulated,
+fits, and is no worse than the incumbent.
 
 Restarts: with other warm starts, each gets a share of the time first; the search then goes on from the best
 of them, trading incumbents with a second search when compile runs two (portfolio.py: one per core; ``peer``).
