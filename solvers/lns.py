@@ -132,7 +132,6 @@ class _State:
     last_size: int = 0  # ops per device of the last neighbourhood
     deep_size: int = DEEP_SIZE  # the deep warm-up's size (``deep_warm_up``)
     defer_next: bool = False  # a window made the schedule faster: defer W passes next (_neighbourhood)
-    whole_pass: bool = False  # the next W deferral runs until no round pays (wdefer.search_defers_first)
 
 
 def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: int = 0,
@@ -163,16 +162,16 @@ def improve(problem: Problem, schedule: Schedule, *, time_limit_s: float, seed: 
         return _flips(problem, schedule, time.monotonic() + time_limit_s, random.Random(seed))
     began = time.monotonic()
     deadline = began + time_limit_s
+    first = simulate(problem, schedule)
+    simulation_s = time.monotonic() - began
     rng = random.Random(seed)
     if tuple(kinds) == KINDS and not defer_pays(problem):  # the default set: W deferral where it pays
         kinds = tuple(kind for kind in KINDS if kind != "defer")
     grid = choose_grid(problem)
     context = _Context(problem, grid, rng, workers, per_device, max_per_device, follow, window_limit_s,
                        tuple(kinds), deterministic, bound_ms, on_progress, began,
-                       defer_first=defer_first and "defer" in kinds and search_defers_first(problem))
-    simulated = time.monotonic()
-    first = simulate(problem, schedule)
-    context.step_s = _STEP_SIMS * (time.monotonic() - simulated)
+                       defer_first=defer_first and "defer" in kinds and search_defers_first(problem),
+                       step_s=_STEP_SIMS * simulation_s)
     starts = [(schedule, first)] + [(s, t) for s in restarts if (t := simulate(problem, s)).fits]
     windows = [max_windows] if max_windows is not None else None
     best = context.restarts(starts, restart_share * time_limit_s / len(starts), deadline, windows)
@@ -227,9 +226,7 @@ class _Context:
     step_s: float = 0.0  # the least a step takes (_STEP_SIMS): none is begun with less time left
 
     def state(self, schedule: Schedule, timeline: Timeline) -> _State:
-        first = self.defer_first
-        return _State(schedule, timeline, search_score(timeline), self.per_device, defer_next=first,
-                      whole_pass=first)
+        return _State(schedule, timeline, search_score(timeline), self.per_device, defer_next=self.defer_first)
 
     def restarts(self, starts: list[tuple[Schedule, Timeline]], share: float, deadline: float,
                  windows: list[int] | None) -> _State:
@@ -368,8 +365,7 @@ class _Context:
                 windows[0] -= 1
             hood = self._neighbourhood(state)
             if isinstance(hood, str):
-                whole = hood == "defer" and state.whole_pass
-                state.whole_pass = False
+                whole = hood == "defer" and self.defer_first and state.solved == 0  # the start's pass
                 self._moves(state, hood, deadline if whole else
                             min(deadline, time.monotonic() + (_DEFER_S if hood == "defer" else _MOVES_S)))
                 continue

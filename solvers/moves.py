@@ -21,7 +21,6 @@ order the simulator rejects (a deadlock) is skipped. Pure: the input schedule is
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 
 from optpipe.core.problem import Problem
@@ -29,6 +28,7 @@ from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS, waits
 from optpipe.core.simulate import Timeline, simulate, try_simulate
 
+from .clock import Clock
 from .critical import binding as data_binding
 
 __all__ = ["Moved", "idle_gaps", "improve_by_moves", "move_score"]
@@ -168,25 +168,6 @@ def _targets(timeline: Timeline, rng: random.Random) -> list[tuple[float, int, O
     return [(0.0, last.device, last.op, last.start)] + critical + others[:1] + tail
 
 
-class _Clock:
-    """The deadline, and the longest simulation so far: none is begun that would end past the
-    deadline (at p = 32, m = 256 one takes about 0.4 s, and a round that checked the clock only
-    before each, begun 0.5 s before its deadline, ended 0.9 s past it)."""
-
-    def __init__(self, deadline: float):
-        self.deadline, self.longest = deadline, 0.0
-
-    def allows(self) -> bool:
-        return time.monotonic() + self.longest <= self.deadline
-
-    def simulate(self, problem: Problem, schedule: Schedule) -> Timeline | None:
-        began = time.monotonic()
-        try:
-            return try_simulate(problem, schedule)
-        finally:
-            self.longest = max(self.longest, time.monotonic() - began)
-
-
 def improve_by_moves(problem: Problem, schedule: Schedule, *, deadline: float, rng: random.Random,
                      max_tries: int | None = None, timeline: Timeline | None = None) -> Moved:
     """Fill and hurry moves until no gap yields one, the deadline, or ``max_tries`` simulations;
@@ -194,7 +175,7 @@ def improve_by_moves(problem: Problem, schedule: Schedule, *, deadline: float, r
     timeline = timeline if timeline is not None else simulate(problem, schedule)
     score = move_score(timeline)
     tried = kept = 0
-    clock = _Clock(deadline)
+    clock = Clock(deadline)  # a simulation past the deadline is not begun
     progress = True
     while progress:
         progress = False
@@ -204,7 +185,7 @@ def improve_by_moves(problem: Problem, schedule: Schedule, *, deadline: float, r
                 if not clock.allows() or (max_tries is not None and tried >= max_tries):
                     return Moved(schedule, timeline, tried, kept)
                 tried += 1
-                new = clock.simulate(problem, candidate)
+                new = clock.timed(try_simulate, problem, candidate)
                 if new is None:
                     continue
                 new_score = move_score(new)
@@ -226,7 +207,7 @@ def improve_by_moves(problem: Problem, schedule: Schedule, *, deadline: float, r
 
 
 def _chain(problem: Problem, schedule: Schedule, timeline: Timeline, rng: random.Random,
-           steps: int, clock: _Clock) -> tuple[Schedule | None, Timeline | None, int]:
+           steps: int, clock: Clock) -> tuple[Schedule | None, Timeline | None, int]:
     """Hurry the critical path again and again (an ejection chain): moving one held-back op
     often only hands the delay to the next device, and the makespan falls only when every
     device on the path has moved. Returns the best fitting step (None when none fits), and the
@@ -240,7 +221,7 @@ def _chain(problem: Problem, schedule: Schedule, timeline: Timeline, rng: random
         moves = [c for c in _candidates(problem, schedule, timeline, target, schedule.offloaded)]
         if not moves:
             break
-        new = clock.simulate(problem, moves[0])
+        new = clock.timed(try_simulate, problem, moves[0])
         if new is None:
             break
         tried += 1

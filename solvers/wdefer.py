@@ -29,7 +29,6 @@ earlier one 5,303.5 in 25 s (bound 5,098.3); grid22's (p = 32, m = 64) 4,314.4 t
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -38,6 +37,7 @@ from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.simulate import OpTiming, Timeline, try_simulate
 
+from .clock import Clock
 from .critical import critical_path
 from .moves import idle_gaps
 from .reload_advance import advanced_reloads
@@ -221,20 +221,16 @@ def defer_critical_w(problem: Problem, schedule: Schedule, timeline: Timeline,
     slower than ``schedule``, which must fit (one that does not is returned as it is)."""
     if not timeline.fits:
         return schedule, timeline
-    # No round is begun that the longest so far would carry past the deadline: a round simulates
-    # a move, its retries and the reloads moved for room, at p = 32, m = 64 over two seconds.
-    longest = 0.0
-    while deadline is None or time.monotonic() + longest < deadline:
+    clock = Clock(deadline)  # no round is begun that the longest so far would carry past it
+    while clock.allows():
         path = _Path.of(problem, timeline)  # what every rule reads, once a timeline
         # the rules in turn, the reloads the path waits for (reload_advance.py) second
         moves = [lambda skip, rule=rule: deferred(problem, schedule, timeline, rule, skip, path) for rule in ROUNDS]
         moves.insert(1, lambda skip: advanced_reloads(problem, schedule, timeline, path.ops, skip))
         for move in moves:
-            began = time.monotonic()
-            if deadline is not None and began + longest >= deadline:
+            if not clock.allows():
                 return schedule, timeline
-            found = _round(problem, timeline, move)
-            longest = max(longest, time.monotonic() - began)
+            found = clock.timed(_round, problem, timeline, move)
             if found is not None:
                 schedule, timeline = found
                 break
