@@ -11,7 +11,8 @@
    device's exact relaxation (device_relax.py). The report and the whole model start from it.
 4. Run the chosen solver from the best warm start: CP-SAT on the whole problem when it is small
    (handing over to the window search once it finds nothing better for a quarter of the time
-   limit), the window search (lns.py) otherwise; or the MILP; or return the named heuristic.
+   limit; a glance above _PROVED_OPS), the window search (lns.py) otherwise; or the MILP; or
+   return the named heuristic.
 5. Re-simulate the solver's answer: one that breaks a budget, or a solver that fails inside
    (``InternalError``), is dropped with a warning in the report, never shown to the user as an
    error. Return the fastest fitting schedule seen, as the simulator times it: never slower than
@@ -46,9 +47,9 @@ from optpipe.core.units import format_size
 
 from .bounds import Bound, makespan_lower_bound, memory_lower_bound
 from .compare import Entry, best_fitting, compare
-from .fill_depth import was_deepened
 from .milp import solve_milp
 from .registry import get_generator
+from .restarts import restarts
 from .result import Judged, Progress, SolveResult, SolveStatus, fastest_fitting, gap
 from .starts import MIN_STEP_S, build_starts, simulate_s
 from .recompute import mixed_neighbour, trade_for_offloads
@@ -61,12 +62,6 @@ _EPS = TOLERANCE_MS
 # The full CP-SAT model has literals quadratic in a device's ops; above this many compute ops per
 # device the window search finds better schedules in the same time.
 _MAX_EXACT_OPS_PER_DEVICE = 48
-_RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
-# ... below this many devices. From 12 on the window search moves a start by well under 1% in the
-# seconds each restart gets, so a start 2% behind never catches up and its share is lost: at 60 s,
-# without restarts grid19 (p = 16, m = 64) ended at 6,933.7 and 6,934.0 ms, with them 6,936.7,
-# 6,937.6 and 6,940.2; grid14, 16, 17, 20 and 22 moved by under 0.1% either way.
-_RESTART_DEVICES = 12
 # With both offload and recompute, each pure strategy is solved before the mix (issue 14) for at
 # most this share of the time left, and stops once this share passes with nothing better (at least
 # _MIN_STALL_S): on the recompute benchmark each reaches its 20 s answer in 2 to 5 s.
@@ -92,11 +87,11 @@ _SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solve
 # per device) 300 s of the whole model never improved its 645 ms warm start; 60 s of windows
 # found 602.6 ms.
 _WHOLE_STALL, _MIN_WINDOWS_S = 0.25, 1.0
-# ... and at most this share in all (never under _WHOLE_LEAST_S: tiny problems are proved within
-# seconds) even while it finds better: on the seed-1 grid's grid08 (p = 8, m = 16, k = 2) it gains
-# a few ms every few seconds and never stalls; a 300 s compile ended at 1,202.4 ms with it all
-# along, 1,083.3 with windows from 75 s on.
-_WHOLE_MOST, _WHOLE_LEAST_S = 0.25, 10.0
+# ... and at most _WHOLE_MOST in all (never under _WHOLE_LEAST_S) where it proves its answers: up to
+# _PROVED_OPS compute ops (random problems of that size take 0.1 to 10 s). Above, it has _WHOLE_BRIEF:
+# on the seed-1 grid's grid08 (p = 8, m = 16, k = 2, 384 ops) it gains a few ms every few seconds and
+# never stalls; 60 s compiles ended at 1,089.3 and 1,092.7 ms with 15 s of it, 1,032.9 and 1,033.7 with 3.
+_WHOLE_MOST, _WHOLE_LEAST_S, _WHOLE_BRIEF, _PROVED_OPS = 0.25, 10.0, 0.05, 160
 # What OR-Tools raises on a model whose numbers it cannot hold (a domain past int64 when durations
 # span 1e-6 to 1e12 ms): optpipe's fault, reported as a warning; compile goes on with what it has.
 _MODEL_ERRORS = (ArithmeticError, TypeError, ValueError, RuntimeError)
@@ -341,7 +336,7 @@ def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: floa
             # or has had its share (_WHOLE_MOST).
             handover = stall_s is None and not mixes_only and start is not None
             stall = max(_MIN_STALL_S, _WHOLE_STALL * time_limit_s) if handover else stall_s
-            whole_s = min(time_limit_s, max(_WHOLE_LEAST_S, _WHOLE_MOST * time_limit_s)) if handover else time_limit_s
+            whole_s = min(time_limit_s, _whole_s(problem, time_limit_s)) if handover else time_limit_s
             whole = solve_cpsat(problem, time_limit_s=whole_s, hint=hint, seed=seed, workers=workers,
                                 on_progress=on_progress, resolution_ms=resolution_ms, floor_ms=bound.value,
                                 stall_s=stall, mixes_only=mixes_only, stall_from_start=handover)
@@ -355,12 +350,20 @@ def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: floa
         left = time_limit_s - (time.monotonic() - began)
         search_with = improve_in_parallel if parallel_applies(problem, left, workers or 1, simulation_s) else improve
         search = search_with(problem, start.schedule, time_limit_s=left, seed=seed, workers=workers,
-                             on_progress=on_progress, bound_ms=bound.value, restarts=_restarts(problem, start, candidates))
+                             on_progress=on_progress, bound_ms=bound.value, restarts=restarts(problem, start, candidates))
         return SolveResult("cpsat", SolveStatus.FEASIBLE, search.best.schedule.renamed("cpsat"), search.best.timeline,
                            search.best.makespan_ms, lower, time.monotonic() - began, resolution)
     backend = solver.split("-", 1)[1]
     return solve_milp(problem, backend=backend, time_limit_s=time_limit_s, hint=hint, seed=seed,
                       on_progress=on_progress)
+
+
+def _whole_s(problem: Problem, time_limit_s: float) -> float:
+    """The whole model's time before the window search takes over: enough to prove a small problem,
+    a glance at a larger one, where windows gain more in the same seconds."""
+    if 3 * problem.pipeline.stages * problem.microbatches <= _PROVED_OPS:
+        return max(_WHOLE_LEAST_S, _WHOLE_MOST * time_limit_s)
+    return _WHOLE_BRIEF * time_limit_s
 
 
 def _mixes(problem: Problem, solver: str) -> bool:
@@ -428,33 +431,6 @@ def _mixed_hint(problem: Problem, candidates: list[Judged], start: Judged, end: 
     if neighbour is not None:
         mixed.append(Judged(start.name + "+mixed", neighbour.renamed(start.name + "+mixed"), simulate(problem, neighbour)))
     return fastest_fitting(mixed) or start
-
-
-def _restarts(problem: Problem, start: Judged, candidates: list[Judged]) -> list[Schedule]:
-    """Other fitting warm starts close to the best (within _RESTART_WITHIN), from other heuristics,
-    fastest first: the window search spends a share of its time on each (lns.py); none from
-    _RESTART_DEVICES devices on."""
-    if problem.devices >= _RESTART_DEVICES:
-        return []
-    seen, out = {_family(start.name)}, []
-    for c in sorted((c for c in candidates if c.fits), key=lambda c: c.timeline.makespan):
-        family = _family(c.name)
-        if family in seen or c.timeline.makespan > (1 + _RESTART_WITHIN) * start.timeline.makespan:
-            continue
-        seen.add(family)
-        out.append(c.schedule)
-        if len(out) == _RESTARTS:
-            break
-    return out
-
-
-def _family(name: str) -> tuple[str, bool]:
-    """A start's heuristic, and whether its fill was deepened (fill_depth.py): a deeper fill is
-    another basin for the search. On grid06 (p = 6, v = 3, m = 18) the deepened start (3,042.9 ms,
-    against 3,058.2) took the original's place as the only PO-H start and 60 s compiles ended at
-    1.94, 3.06 and 2.98% above the bound, against 1.93 to 2.46% from the original in five (a
-    search refresh, since taken out, was on in most of them: design.md, "Deeper fills")."""
-    return name.split("+")[0], was_deepened(name)
 
 
 def _better(result: SolveResult | None, start: Judged | None) -> Judged | None:

@@ -70,7 +70,7 @@ def test_no_deeper_fill_without_a_fitting_start():
 
 
 def test_a_deepened_start_is_a_family_of_its_own_for_the_restarts():
-    from optpipe.solvers.compile import _restarts
+    from optpipe.solvers.restarts import restarts as _restarts
 
     problem = uniform_problem(4, 8, v=2)
     plain = get_generator("1F1B-I").build(problem)

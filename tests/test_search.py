@@ -52,7 +52,7 @@ def test_restarts_never_worse_than_the_first_start():
 
 
 def test_compile_restarts_from_other_families_only_on_small_pipelines():
-    from optpipe.solvers.compile import _RESTART_DEVICES, _restarts
+    from optpipe.solvers.restarts import _RESTART_DEVICES, restarts as _restarts
     from optpipe.solvers.result import Judged
 
     ahead = list(reversed(_fitting(PLAIN)))[0]  # the fastest
