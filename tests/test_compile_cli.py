@@ -204,6 +204,35 @@ def test_a_stalled_whole_model_hands_the_rest_of_the_time_to_the_window_search(m
     assert compiled.judged.timeline.fits and compiled.resolution_ms == 0.5
 
 
+def test_the_whole_model_only_glances_at_a_problem_too_large_to_prove(monkeypatch):
+    """p = 8, m = 16: 48 compute ops a device fit the whole model, but 384 in all are past what it
+    proves (compile._PROVED_OPS), so it gets a twentieth of the time and the windows the rest."""
+    from optpipe.solvers import compile as compile_module
+    from optpipe.solvers import cpsat, lns
+    from optpipe.solvers.result import SolveResult
+
+    problem = uniform_problem(8, 16, act=100, keep=50, budget=250, offload=Offload(True, 1e5, 1e5, 10**9))
+    assert compile_module.exact_model_fits(problem)
+    calls = {}
+
+    def stalled(problem, **options):
+        calls["whole"] = options["time_limit_s"]
+        return SolveResult("cpsat", SolveStatus.NO_IMPROVEMENT, None, None, None, 1.0, 0.0, 0.5)
+
+    real_improve = lns.improve
+
+    def windows(problem, schedule, **options):
+        calls["windows"] = options["time_limit_s"]
+        return real_improve(problem, schedule, **{**options, "time_limit_s": 1.0})
+
+    monkeypatch.setattr(cpsat, "solve_cpsat", stalled)
+    monkeypatch.setattr(lns, "improve", windows)
+    compiled = compile_problem(problem, time_limit_s=20.0, workers=2)
+    assert 0.0 < calls["whole"] <= 0.05 * 20.0
+    assert calls["windows"] > 10.0
+    assert compiled.judged.timeline.fits
+
+
 def test_a_proven_whole_model_answer_is_not_handed_over(monkeypatch):
     from optpipe.solvers import lns
 
