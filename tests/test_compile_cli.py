@@ -173,15 +173,14 @@ def test_json_on_stdout_is_only_json_in_a_fresh_process(small):
     assert json.loads(done.stdout)["lower_bound_ms"] > 0
 
 
-def test_a_stalled_whole_model_hands_the_rest_of_the_time_to_the_window_search(monkeypatch):
-    """A whole-model CP-SAT that finds nothing better (not even takes its hint) stops after its
-    stall share, and one that keeps finding a little after its share of the time in all; the
-    window search then runs from the warm start for what is left."""
+def _stalled_whole_model(monkeypatch, problem, time_limit_s: float = 20.0):
+    """Compile ``problem`` with a whole-model CP-SAT that finds nothing better (not even takes its
+    hint) and a window search cut to 1 s; returns the answer, the whole model's options and the
+    time the windows were given."""
     from optpipe.solvers import compile as compile_module
     from optpipe.solvers import cpsat, lns
     from optpipe.solvers.result import SolveResult
 
-    problem = uniform_problem(4, 8, act=100, keep=50, budget=250, offload=Offload(True, 1e5, 1e5, 10**9))
     assert compile_module.exact_model_fits(problem)
     calls = {}
 
@@ -197,39 +196,29 @@ def test_a_stalled_whole_model_hands_the_rest_of_the_time_to_the_window_search(m
 
     monkeypatch.setattr(cpsat, "solve_cpsat", stalled)
     monkeypatch.setattr(lns, "improve", windows)
-    compiled = compile_problem(problem, time_limit_s=20.0, workers=2)
-    assert calls["whole"]["stall_from_start"] and 2.5 <= calls["whole"]["stall_s"] <= 5.0  # a quarter of what is left
-    assert calls["whole"]["time_limit_s"] == pytest.approx(10.0)  # ... and a quarter in all, at least 10 s
-    assert 10.0 < calls["windows"] <= 20.0  # the rest of the time limit
+    compiled = compile_problem(problem, time_limit_s=time_limit_s, workers=2)
+    return compiled, calls["whole"], calls["windows"]
+
+
+def test_a_stalled_whole_model_hands_the_rest_of_the_time_to_the_window_search(monkeypatch):
+    """A whole model that finds nothing better stops after its stall share, and one that keeps
+    finding a little after its share of the time in all; the window search then runs from the
+    warm start for what is left."""
+    problem = uniform_problem(4, 8, act=100, keep=50, budget=250, offload=Offload(True, 1e5, 1e5, 10**9))
+    compiled, whole, windows = _stalled_whole_model(monkeypatch, problem)
+    assert whole["stall_from_start"] and 2.5 <= whole["stall_s"] <= 5.0  # a quarter of what is left
+    assert whole["time_limit_s"] == pytest.approx(10.0)  # ... and a quarter in all, at least 10 s
+    assert 10.0 < windows <= 20.0  # the rest of the time limit
     assert compiled.judged.timeline.fits and compiled.resolution_ms == 0.5
 
 
 def test_the_whole_model_only_glances_at_a_problem_too_large_to_prove(monkeypatch):
     """p = 8, m = 16: 48 compute ops a device fit the whole model, but 384 in all are past what it
     proves (compile._PROVED_OPS), so it gets a twentieth of the time and the windows the rest."""
-    from optpipe.solvers import compile as compile_module
-    from optpipe.solvers import cpsat, lns
-    from optpipe.solvers.result import SolveResult
-
     problem = uniform_problem(8, 16, act=100, keep=50, budget=250, offload=Offload(True, 1e5, 1e5, 10**9))
-    assert compile_module.exact_model_fits(problem)
-    calls = {}
-
-    def stalled(problem, **options):
-        calls["whole"] = options["time_limit_s"]
-        return SolveResult("cpsat", SolveStatus.NO_IMPROVEMENT, None, None, None, 1.0, 0.0, 0.5)
-
-    real_improve = lns.improve
-
-    def windows(problem, schedule, **options):
-        calls["windows"] = options["time_limit_s"]
-        return real_improve(problem, schedule, **{**options, "time_limit_s": 1.0})
-
-    monkeypatch.setattr(cpsat, "solve_cpsat", stalled)
-    monkeypatch.setattr(lns, "improve", windows)
-    compiled = compile_problem(problem, time_limit_s=20.0, workers=2)
-    assert 0.0 < calls["whole"] <= 0.05 * 20.0
-    assert calls["windows"] > 10.0
+    compiled, whole, windows = _stalled_whole_model(monkeypatch, problem)
+    assert 0.0 < whole["time_limit_s"] <= 0.05 * 20.0
+    assert windows > 10.0
     assert compiled.judged.timeline.fits
 
 
