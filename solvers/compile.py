@@ -11,7 +11,7 @@
    device's exact relaxation (device_relax.py). The report and the whole model start from it.
 4. Run the chosen solver from the best warm start: CP-SAT on the whole problem when it is small
    (handing over to the window search once it finds nothing better for a quarter of the time
-   limit; a glance above _PROVED_OPS), the window search (lns.py) otherwise; or the MILP; or
+   limit; a glance above _WHOLE_OPS), the window search (lns.py) otherwise; or the MILP; or
    return the named heuristic.
 5. Re-simulate the solver's answer: one that breaks a budget, or a solver that fails inside
    (``InternalError``), is dropped with a warning in the report, never shown to the user as an
@@ -87,11 +87,13 @@ _SEARCH_UNITS = 2**24  # a mix's makespan in more exact units than this is solve
 # per device) 300 s of the whole model never improved its 645 ms warm start; 60 s of windows
 # found 602.6 ms.
 _WHOLE_STALL, _MIN_WINDOWS_S = 0.25, 1.0
-# ... and at most _WHOLE_MOST in all (never under _WHOLE_LEAST_S) where it proves its answers: up to
-# _PROVED_OPS compute ops (random problems of that size take 0.1 to 10 s). Above, it has _WHOLE_BRIEF:
-# on the seed-1 grid's grid08 (p = 8, m = 16, k = 2, 384 ops) it gains a few ms every few seconds and
-# never stalls; 60 s compiles ended at 1,089.3 and 1,092.7 ms with 15 s of it, 1,032.9 and 1,033.7 with 3.
-_WHOLE_MOST, _WHOLE_LEAST_S, _WHOLE_BRIEF, _PROVED_OPS = 0.25, 10.0, 0.05, 160
+# ... and at most _WHOLE_MOST in all (never under _WHOLE_LEAST_S) up to _WHOLE_OPS compute ops: it
+# proves random problems of up to 160 in 0.1 to 10 s, and at 192 (p = 4, v = 2, m = 8, 20 s) its 10 s
+# still beat the windows (595 to 607 ms against 619 to 621). Above, it has _WHOLE_BRIEF: from 240 ops
+# on the windows matched or won, and on the seed-1 grid's grid08 (384 ops) it gains a few ms every few
+# seconds and never stalls: 60 s compiles ended at 1,089.3 and 1,092.7 ms with 15 s of it, 1,032.9 and
+# 1,033.7 with 3.
+_WHOLE_MOST, _WHOLE_LEAST_S, _WHOLE_BRIEF, _WHOLE_OPS = 0.25, 10.0, 0.05, 200
 # What OR-Tools raises on a model whose numbers it cannot hold (a domain past int64 when durations
 # span 1e-6 to 1e12 ms): optpipe's fault, reported as a warning; compile goes on with what it has.
 _MODEL_ERRORS = (ArithmeticError, TypeError, ValueError, RuntimeError)
@@ -361,7 +363,7 @@ def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: floa
 def _whole_s(problem: Problem, time_limit_s: float) -> float:
     """The whole model's time before the window search takes over: enough to prove a small problem,
     a glance at a larger one, where windows gain more in the same seconds."""
-    if 3 * problem.pipeline.stages * problem.microbatches <= _PROVED_OPS:
+    if 3 * problem.pipeline.stages * problem.microbatches <= _WHOLE_OPS:
         return max(_WHOLE_LEAST_S, _WHOLE_MOST * time_limit_s)
     return _WHOLE_BRIEF * time_limit_s
 

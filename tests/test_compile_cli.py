@@ -213,8 +213,8 @@ def test_a_stalled_whole_model_hands_the_rest_of_the_time_to_the_window_search(m
 
 
 def test_the_whole_model_only_glances_at_a_problem_too_large_to_prove(monkeypatch):
-    """p = 8, m = 16: 48 compute ops a device fit the whole model, but 384 in all are past what it
-    proves (compile._PROVED_OPS), so it gets a twentieth of the time and the windows the rest."""
+    """p = 8, m = 16: 48 compute ops a device fit the whole model, but 384 in all are past where it
+    keeps its quarter (compile._WHOLE_OPS), so it gets a twentieth of the time and the windows the rest."""
     problem = uniform_problem(8, 16, act=100, keep=50, budget=250, offload=Offload(True, 1e5, 1e5, 10**9))
     compiled, whole, windows = _stalled_whole_model(monkeypatch, problem)
     assert 0.0 < whole["time_limit_s"] <= 0.05 * 20.0
