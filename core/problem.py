@@ -153,6 +153,15 @@ class Problem:
     def microbatches(self) -> int:
         return self.pipeline.microbatches
 
+    @property
+    def compute_ops(self) -> int:
+        """F, B and W of every stage and microbatch: what sizes a solver's model."""
+        return 3 * self.stages * self.microbatches
+
+    @property
+    def compute_ops_per_device(self) -> int:
+        return 3 * self.pipeline.chunks_per_device * self.microbatches
+
     def offload_ms(self, stage: int) -> float:
         """Time to move F(stage)'s activation to the host."""
         return self.memory.activation[stage] / self.offload.d2h_bandwidth * 1e3

@@ -14,9 +14,9 @@ T = TypeVar("T")
 
 
 class Clock:
-    def __init__(self, deadline: float | None):
+    def __init__(self, deadline: float | None, least_s: float = 0.0):
         self.deadline = float("inf") if deadline is None else deadline  # monotonic s; None: none
-        self.longest = 0.0  # s, the longest step so far
+        self.longest = least_s  # s, the longest step so far, or what a step takes at least
 
     def allows(self) -> bool:
         """Whether a step begun now, as long as the longest so far, ends by the deadline."""

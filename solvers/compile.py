@@ -150,7 +150,7 @@ class Compiled:
 
 def exact_model_fits(problem: Problem) -> bool:
     """Is the problem small enough for the full CP-SAT model?"""
-    return 3 * problem.pipeline.chunks_per_device * problem.microbatches <= _MAX_EXACT_OPS_PER_DEVICE
+    return problem.compute_ops_per_device <= _MAX_EXACT_OPS_PER_DEVICE
 
 
 def compile_problem(problem: Problem, *, solver: str = "cpsat", time_limit_s: float = 60.0, seed: int = 0,
@@ -363,7 +363,7 @@ def _run(problem: Problem, solver: str, start: Judged | None, time_limit_s: floa
 def _whole_s(problem: Problem, time_limit_s: float) -> float:
     """The whole model's time before the window search takes over: enough to prove a small problem,
     a glance at a larger one, where windows gain more in the same seconds."""
-    if 3 * problem.pipeline.stages * problem.microbatches <= _WHOLE_OPS:
+    if problem.compute_ops <= _WHOLE_OPS:
         return max(_WHOLE_LEAST_S, _WHOLE_MOST * time_limit_s)
     return _WHOLE_BRIEF * time_limit_s
 

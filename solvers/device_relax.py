@@ -96,11 +96,7 @@ _FIRST_ROUND_S = 1.0
 
 def relaxation_applies(problem: Problem) -> bool:
     """Small enough for CP-SAT to prove something in seconds; recompute is not modelled."""
-    return not problem.recompute.enabled and _ops(problem) <= _MAX_LAST_OPS
-
-
-def _ops(problem: Problem) -> int:
-    return 3 * problem.pipeline.chunks_per_device * problem.pipeline.microbatches
+    return not problem.recompute.enabled and problem.compute_ops_per_device <= _MAX_LAST_OPS
 
 
 def relaxation_bound(problem: Problem, *, upper_ms: float, floor: Bound, time_limit_s: float,
@@ -135,7 +131,7 @@ def relaxation_bound(problem: Problem, *, upper_ms: float, floor: Bound, time_li
 def _solve(problem: Problem, device: int, jobs, paths, upper_ms: float, time_limit_s: float, workers, seed: int,
            best: Bound, open_: dict[int, float]) -> Bound:
     """``best`` raised by ``device``'s relaxation; ``open_`` records it when not proved."""
-    last = None if _ops(problem) <= _MAX_OPS_PER_DEVICE else _LAST
+    last = None if problem.compute_ops_per_device <= _MAX_OPS_PER_DEVICE else _LAST
     relaxed = relaxed_device_bound(problem, device, jobs, paths.head, upper_ms=upper_ms, time_limit_s=time_limit_s,
                                    workers=workers, seed=seed, last=last)
     if relaxed is None:

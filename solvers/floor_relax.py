@@ -58,8 +58,8 @@ _MAX_OPS = 160
 def floor_relaxation_applies(problem: Problem, resolution_ms: float | None = None) -> bool:
     """Small enough for the whole model to prove in seconds, on a grid that is not exact (an
     exact one proves already); recompute is not modelled here."""
-    ops = 3 * problem.stages * problem.microbatches
-    return ops <= _MAX_OPS and not problem.recompute.enabled and not choose_grid(problem, resolution_ms).exact
+    return (problem.compute_ops <= _MAX_OPS and not problem.recompute.enabled
+            and not choose_grid(problem, resolution_ms).exact)
 
 
 def floor_relaxation_bound(problem: Problem, *, upper: Judged, floor: Bound,

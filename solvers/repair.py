@@ -42,6 +42,7 @@ from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.semantics import Place, effects
 from optpipe.core.simulate import Timeline, simulate
 
+from .clock import Clock
 from .offload_slots import activation_windows, add_hidden_offloads, add_offloads, round_trip_ms
 from .result import Judged
 
@@ -323,14 +324,13 @@ def repair(problem: Problem, schedule: Schedule, policy: str = "hidden", deadlin
     timeline = simulate(problem, placed)
     # a round simulates at least twice: one that cannot end by the deadline is not started
     # (at p = 32, m = 256 a simulation takes a second or more)
-    round_s = 2 * (time.monotonic() - began)
-    late = (lambda: time.monotonic() + round_s > deadline) if deadline is not None else (lambda: False)
+    clock = Clock(deadline, least_s=2 * (time.monotonic() - began))
     misses = 0  # offload rounds in a row that did not help: the link is full, stop asking it
     stalled = False  # the last hold-back did not lower the excess: pull W passes forward too
     for _ in range(_MAX_ROUNDS):
         if timeline.fits:
             return Judged(name, placed.renamed(name), timeline)
-        if late() or not timeline.fits_host or timeline.makespan >= ceiling - _EPS:
+        if not clock.allows() or not timeline.fits_host or timeline.makespan >= ceiling - _EPS:
             return None
         if offload and misses < 2:
             wanted = _more_offloads(problem, timeline, pairs)

@@ -9,7 +9,7 @@ from optpipe.core.schedule import Schedule
 from .fill_depth import was_deepened
 from .result import Judged
 
-__all__ = ["restarts", "family"]
+__all__ = ["restarts"]
 
 _RESTARTS, _RESTART_WITHIN = 2, 0.05  # the window search also starts from two more warm starts within 5%
 # ... below this many devices. From 12 on the window search moves a start by well under 1% in the
@@ -25,9 +25,9 @@ def restarts(problem: Problem, start: Judged, candidates: list[Judged]) -> list[
     _RESTART_DEVICES devices on."""
     if problem.devices >= _RESTART_DEVICES:
         return []
-    seen, out = {family(start.name)}, []
+    seen, out = {_family(start.name)}, []
     for c in sorted((c for c in candidates if c.fits), key=lambda c: c.timeline.makespan):
-        kind = family(c.name)
+        kind = _family(c.name)
         if kind in seen or c.timeline.makespan > (1 + _RESTART_WITHIN) * start.timeline.makespan:
             continue
         seen.add(kind)
@@ -37,7 +37,7 @@ def restarts(problem: Problem, start: Judged, candidates: list[Judged]) -> list[
     return out
 
 
-def family(name: str) -> tuple[str, bool]:
+def _family(name: str) -> tuple[str, bool]:
     """A start's heuristic, and whether its fill was deepened (fill_depth.py): a deeper fill is
     another basin for the search. On grid06 (p = 6, v = 3, m = 18) the deepened start (3,042.9 ms,
     against 3,058.2) took the original's place as the only PO-H start and 60 s compiles ended at

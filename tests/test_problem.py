@@ -9,7 +9,7 @@ from optpipe.core.problem import Placement
 from optpipe.core.problem_file import dumps_problem, load_problem, loads_problem
 from optpipe.core.units import parse_bandwidth, parse_size
 
-from conftest import BASE_PROBLEM, INSTANCES
+from conftest import BASE_PROBLEM, INSTANCES, uniform_problem
 
 BASE = BASE_PROBLEM
 
@@ -125,3 +125,9 @@ def test_stages_on_matches_device_of():
         pipe = loads_problem(text.replace('budget = "1GiB"', 'budget = "100GiB"')).pipeline
         for device in range(-1, pipe.devices + 1):
             assert pipe.stages_on(device) == tuple(s for s in range(pipe.stages) if pipe.device_of(s) == device)
+
+
+def test_compute_ops_count_f_b_and_w_of_every_stage_and_microbatch():
+    problem = uniform_problem(4, 8, v=2)  # 8 stages, two on each device
+    assert problem.compute_ops == 3 * 8 * 8
+    assert problem.compute_ops_per_device == 3 * 2 * 8
