@@ -384,6 +384,7 @@ class _Context:
             solved_at = time.monotonic()
             solver, code = solve_model(model, time_limit_s=min(limit if not self.deterministic else 10 * limit, left),
                                        seed=self.rng.randrange(1 << 30), workers=self.workers, light_presolve=True,
+                                       linear_relaxation=False,
                                        deterministic_s=limit if self.deterministic else None,
                                        interleave=self.workers == 1 and hood.kind == DEEP)
             solve_s = time.monotonic() - solved_at
