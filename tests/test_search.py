@@ -177,6 +177,30 @@ def test_a_microbatch_neighbourhood_frees_only_its_microbatches():
     assert simulate(OFFLOAD, spliced).fits
 
 
+@pytest.mark.parametrize("kind", ["sweep", "warm-up", "cool-down"])
+def test_a_window_model_proves_the_same_optimum_without_the_lp(kind):
+    """The window search solves its models without CP-SAT's linear relaxation (lns.py, for speed):
+    what it proves optimal must be what the model with the LP proves."""
+    from optpipe.solvers.cpsat import Model, solve_model
+    from optpipe.solvers.window import window_scope
+    from optpipe.solvers.timegrid import choose_grid
+
+    timeline = _fitting(OFFLOAD)[0].timeline
+    hood = choose(OFFLOAD, timeline, kind, 3, 1, random.Random(0))
+    grid = choose_grid(OFFLOAD)
+    answers = []
+    for linear_relaxation in (True, False):
+        scope, inside = window_scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices,
+                                     hood.microbatches)
+        model = Model(OFFLOAD, grid, scope, grid.up(timeline.makespan) + 1)
+        model.hint(inside, scope.offloaded)
+        solver, code = solve_model(model, time_limit_s=20.0, seed=0, workers=1, light_presolve=True,
+                                   linear_relaxation=linear_relaxation)
+        assert solver.StatusName(code) == "OPTIMAL"
+        answers.append(solver.objective_value)
+    assert answers[0] == answers[1]
+
+
 def test_a_window_that_gains_is_followed_by_w_deferral():
     start = _fitting(OFFLOAD)[0]
     seen = []
