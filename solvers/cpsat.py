@@ -67,7 +67,7 @@ def solve_model(model: Model, *, time_limit_s: float, seed: int, workers: int | 
     """Solve; ``light_presolve`` skips probing, which on window models costs seconds and buys nothing.
 
     Without ``linear_relaxation`` CP-SAT keeps no LP of the model (``linearization_level`` 0): on
-    window models (lns.py) its propagation alone finds and proves the same answers sooner. The
+    window models (lns.py) its propagation alone finds and proves their answers sooner. The
     window models of a 60 s compile, solved again one at a time (one worker, their own limits):
     seed 1's grid06 (p = 6, v = 3, 53 models) took 41.8 s against 90.3 with the LP, 49 proved
     optimal against 43, a better answer in 6 and a worse one in 1; grid08 (p = 8, v = 1, 199

@@ -10,8 +10,9 @@ a complete schedule and improves it piece by piece:
    it) and transfer slots; ops before it keep their times; the ops of the next few windows
    keep their order but are re-timed, so the model sees what the window does downstream; the
    rest is summed up as the compute each device still has to do (window.py);
-3. solve that model exactly with cpsat.py (memory and ASAP timing exact), minimising the latest
-   device end plus the compute still to come, then the sum of device ends;
+3. solve that model exactly with cpsat.py (memory and ASAP timing exact; without CP-SAT's LP,
+   which only slows a window), minimising the latest device end plus the compute still to come,
+   then the sum of device ends;
 4. splice the result into the schedule, re-simulate, and keep it when the makespan is no worse
    and the devices finish no later in sum (sideways moves let the search cross plateaus).
 
