@@ -70,7 +70,7 @@ def test_no_deeper_fill_without_a_fitting_start():
 
 
 def test_a_deepened_start_is_a_family_of_its_own_for_the_restarts():
-    from optpipe.solvers.restarts import restarts as _restarts
+    from optpipe.solvers.restarts import restarts
 
     problem = uniform_problem(4, 8, v=2)
     plain = get_generator("1F1B-I").build(problem)
@@ -80,4 +80,4 @@ def test_a_deepened_start_is_a_family_of_its_own_for_the_restarts():
     assert deeper.name.endswith("+fill(1)")
     start = Judged("PO-H+W(1)+fill(1)", deeper.renamed("PO-H+W(1)+fill(1)"), simulate(problem, deeper))
     same_family = Judged("PO-H+offload", plain.renamed("PO-H+offload"), timeline)
-    assert _restarts(problem, start, [start, original, same_family]) == [original.schedule]
+    assert restarts(problem, start, [start, original, same_family]) == [original.schedule]

@@ -52,14 +52,14 @@ def test_restarts_never_worse_than_the_first_start():
 
 
 def test_compile_restarts_from_other_families_only_on_small_pipelines():
-    from optpipe.solvers.restarts import _RESTART_DEVICES, restarts as _restarts
+    from optpipe.solvers.restarts import _RESTART_DEVICES, restarts
     from optpipe.solvers.result import Judged
 
     ahead = list(reversed(_fitting(PLAIN)))[0]  # the fastest
     other = Judged("Other+W(1)", ahead.schedule.renamed("Other+W(1)"), ahead.timeline)  # another family, as fast
-    assert _restarts(PLAIN, ahead, [ahead, other]) == [other.schedule]
+    assert restarts(PLAIN, ahead, [ahead, other]) == [other.schedule]
     wide = uniform_problem(_RESTART_DEVICES, 2 * _RESTART_DEVICES, act=100, keep=50, budget=10**6, name="wide")
-    assert _restarts(wide, ahead, [ahead, other]) == []
+    assert restarts(wide, ahead, [ahead, other]) == []
 
 
 def test_deep_warm_up_applies_to_small_interleaved_pipelines_only():
@@ -188,10 +188,9 @@ def test_a_window_model_proves_the_same_optimum_without_the_lp(kind):
     timeline = _fitting(OFFLOAD)[0].timeline
     hood = choose(OFFLOAD, timeline, kind, 3, 1, random.Random(0))
     grid = choose_grid(OFFLOAD)
+    scope, inside = window_scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices, hood.microbatches)
     answers = []
     for linear_relaxation in (True, False):
-        scope, inside = window_scope(OFFLOAD, timeline, grid, hood.t0, hood.t1, hood.t2, hood.devices,
-                                     hood.microbatches)
         model = Model(OFFLOAD, grid, scope, grid.up(timeline.makespan) + 1)
         model.hint(inside, scope.offloaded)
         solver, code = solve_model(model, time_limit_s=20.0, seed=0, workers=1, light_presolve=True,
