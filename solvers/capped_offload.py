@@ -14,14 +14,6 @@ On the 7B-like problem (p = 8, v = 2, m = 32, k = 2.2) at 0.7x of PO-H's peak th
 cap too small starves the pipeline and one too large fills the memory early, so caps are tried
 from p outwards, down and up in turn, each way until three in a row bring nothing.
 
-One cap for every device leaves the first devices short and the last ones holding more than
-they use: 1F1B keeps p - d microbatches in flight on device d. So around the best single cap the
-scan also tries caps that fall along the pipeline (``sloped_caps``: by 0.5, 1 or 2 a device).
-Of the generated grid's rows where the pass runs (seeds 0 and 1), that start got faster on 12 of
-30: seed 1's grid08 1,262.0 to 1,245.4 ms (14 down to 1), seed 0's grid11 (p = 8, v = 3, m = 16,
-k = 3) 2,073.3 to 2,043.0 (19 down to 5), grid10 3,065.6 to 3,026.1; for about a third more scan
-time (grid17, p = 16: 2.2 s against 1.5).
-
 Which activations go to the host is a policy (``Policy``), and both are scanned. Offloading the
 whole first chunk queues its transfers behind each other on a slow link, and a forward waits for
 room while its predecessors' offloads are still running. Offloading any activation whose round
@@ -37,9 +29,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -58,8 +48,6 @@ _F, _B, _W, _OFF, _REL = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RE
 _INF = float("inf")
 _EPS = 1e-9
 _PATIENCE = 3  # caps in a row that bring nothing before the search over caps stops
-# caps falling by this many microbatches a device, tried around the best single cap (_scan)
-_SLOPES = (0.5, 1.0, 2.0)
 # stages x microbatches above which the list pass (quadratic in a device's ops) is skipped: at
 # p = 24, v = 2, m = 48 one pass takes about a second and the answer is far from the best start
 _MAX_OPS = 1024
@@ -114,9 +102,9 @@ class _Device:
 class _Pass:
     """One list pass for one cap; ``run`` returns the schedule or None when it deadlocks."""
 
-    def __init__(self, problem: Problem, offloaded_stages: frozenset[int], caps: tuple[int, ...],
+    def __init__(self, problem: Problem, offloaded_stages: frozenset[int], cap: int,
                  link_free: frozenset[int] = frozenset()):
-        self.problem, self.caps = problem, caps
+        self.problem, self.cap = problem, cap
         pipe = problem.pipeline
         self.S, self.m = pipe.stages, pipe.microbatches
         self.offloaded_stages = offloaded_stages if problem.offload.enabled else frozenset()
@@ -184,7 +172,7 @@ class _Pass:
             i = self.next[_F][s]
             if i >= self.m or (ready := self._ready(_F, s, i)) == _INF:
                 continue
-            if s == dev.stages[0] and dev.admitted - dev.finished >= self.caps[d]:
+            if s == dev.stages[0] and dev.admitted - dev.finished >= self.cap:
                 continue
             start = max(dev.free, ready)
             reserve = 0 if i == dev.finished else self.largest[d]  # room for the oldest to move on
@@ -211,7 +199,8 @@ class _Pass:
             fed = {d} | {self.device_of[t] for t in (s - 1, s + 1) if 0 <= t < self.S}
             for e in fed:
                 choices[e] = self._choice(e)
-        return Schedule.of(_name(self.caps, bool(self.link_free)), [dev.ops for dev in self.devices])
+        name = f"capped-offload({self.cap}, link free)" if self.link_free else f"capped-offload({self.cap})"
+        return Schedule.of(name, [dev.ops for dev in self.devices])
 
     def _place(self, dev: _Device, kind: OpKind, s: int, i: int, start: float, slot) -> None:
         act, keep = self.act[s], self.keep[s]
@@ -253,33 +242,17 @@ class Policy(Enum):
     LINK_FREE = "link free"  # any whose round trip outlasts its offload and reload, when D2H is idle
 
 
-def capped_offload(problem: Problem, cap: int | Sequence[int], policy: Policy = Policy.FIRST_CHUNK) -> Schedule | None:
-    """The list schedule with at most ``cap`` microbatches in flight per device (one number for
-    every device, or one per device), offloading as ``policy`` says; None when it deadlocks."""
+def capped_offload(problem: Problem, cap: int, policy: Policy = Policy.FIRST_CHUNK) -> Schedule | None:
+    """The list schedule with at most ``cap`` microbatches in flight per device, offloading as
+    ``policy`` says; None when it deadlocks."""
     pipe = problem.pipeline
-    caps = tuple(cap) if isinstance(cap, Sequence) else (cap,) * pipe.devices
-    if len(caps) != pipe.devices or min(caps) < 1:
-        raise ValueError(f"caps {caps}: expected {pipe.devices} of at least 1")
     if policy is Policy.FIRST_CHUNK:
         first_chunk = frozenset(s for s in range(pipe.stages) if s < pipe.devices and s < pipe.stages - 1)
-        return _Pass(problem, first_chunk, caps).run()
+        return _Pass(problem, first_chunk, cap).run()
     gap = data_paths(problem).gap
     worth = frozenset(s for s in range(pipe.stages - 1)
                       if gap[s] >= duration_ms(problem, Op(_OFF, s, 0)) + duration_ms(problem, Op(_REL, s, 0)))
-    return _Pass(problem, frozenset(), caps, worth).run()
-
-
-def sloped_caps(devices: int, cap: int, slope: float) -> tuple[int, ...]:
-    """Per-device caps that fall by ``slope`` a device and average about ``cap``: 1F1B keeps p - d
-    microbatches in flight on device d, interleaved 1F1B about (v - 1) p / v + 2 (p - 1 - d) / v."""
-    first = cap + slope * (devices - 1) / 2
-    return tuple(max(1, math.floor(first - slope * d + 0.5)) for d in range(devices))
-
-
-def _name(caps: tuple[int, ...], link_free: bool) -> str:
-    """``capped-offload(8)`` for one cap on every device, ``capped-offload(12..5)`` for sloped ones."""
-    shown = str(caps[0]) if len(set(caps)) == 1 else f"{caps[0]}..{caps[-1]}"
-    return f"capped-offload({shown}, link free)" if link_free else f"capped-offload({shown})"
+    return _Pass(problem, frozenset(), cap, worth).run()
 
 
 def capped_offload_starts(problem: Problem, deadline: float | None = None) -> list[Judged]:
@@ -287,28 +260,24 @@ def capped_offload_starts(problem: Problem, deadline: float | None = None) -> li
     holds in 1F1B) outwards, one step down and one up in turn, each way until _PATIENCE caps in a
     row bring nothing (or the deadline); empty without offload or for very large problems. On
     the 7B-like problem the best cap is 6 to 9 at every budget from 0.6x to 1.0x of PO-H's peak,
-    so a deadline that cuts the scan short still has it. Then, for the better policy, caps that
-    fall along the pipeline around the best single cap (_sloped)."""
+    so a deadline that cuts the scan short still has it."""
     if not problem.offload.enabled or problem.stages * problem.microbatches > _MAX_OPS:
         return []
     best: list[Judged] = []
-    best_policy, best_cap = Policy.FIRST_CHUNK, problem.devices
     for policy in Policy:
-        found, cap = _scan(problem, policy, deadline)
+        found = _scan(problem, policy, deadline)
         if found and (not best or found[0].makespan_ms < best[0].makespan_ms - _EPS):
-            best, best_policy, best_cap = found, policy, cap
-    return _sloped(problem, best_policy, best_cap, best, deadline) if best else best
+            best = found
+    return best
 
 
-def _scan(problem: Problem, policy: Policy, deadline: float | None) -> tuple[list[Judged], int]:
-    """The fastest fitting schedule of one policy over single caps (see capped_offload_starts),
-    and its cap."""
+def _scan(problem: Problem, policy: Policy, deadline: float | None) -> list[Judged]:
+    """The fastest fitting schedule of one policy over the caps (see capped_offload_starts)."""
     p = problem.devices
     top = problem.pipeline.chunks_per_device * p + p
     ways = [iter(range(p, top)), iter(range(p - 1, 0, -1))]
     stale = [0, 0]
     best: list[Judged] = []
-    best_cap = p
     while any(way is not None for way in ways):
         for k, way in enumerate(ways):
             if way is None:
@@ -318,36 +287,16 @@ def _scan(problem: Problem, policy: Policy, deadline: float | None) -> tuple[lis
                 ways[k] = None
                 continue
             if deadline is not None and time.monotonic() > deadline:
-                return best, best_cap
+                return best
             judged = _judged(problem, cap, policy)
             if judged is not None and (not best or judged.makespan_ms < best[0].makespan_ms - _EPS):
-                best, stale[k], best_cap = [judged], 0, cap
+                best, stale[k] = [judged], 0
             else:
                 stale[k] += 1
-    return best, best_cap
-
-
-def _sloped(problem: Problem, policy: Policy, cap: int, best: list[Judged],
-            deadline: float | None) -> list[Judged]:
-    """``best`` (the fastest single cap, ``cap``, of ``policy``) or a faster schedule with caps
-    that fall along the pipeline around it (_SLOPES)."""
-    p = problem.devices
-    tried = {(cap,) * p}
-    for slope in _SLOPES if p > 2 else ():
-        for around in (cap - 1, cap, cap + 1):
-            caps = sloped_caps(p, around, slope)
-            if caps in tried:
-                continue
-            tried.add(caps)
-            if deadline is not None and time.monotonic() > deadline:
-                return best
-            judged = _judged(problem, caps, policy)
-            if judged is not None and judged.makespan_ms < best[0].makespan_ms - _EPS:
-                best = [judged]
     return best
 
 
-def _judged(problem: Problem, cap: int | tuple[int, ...], policy: Policy) -> Judged | None:
+def _judged(problem: Problem, cap: int, policy: Policy) -> Judged | None:
     """The capped-offload schedule for ``cap`` when it fits, judged; else None."""
     schedule = capped_offload(problem, cap, policy)
     try:
