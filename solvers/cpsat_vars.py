@@ -48,6 +48,9 @@ class Scope:
     rest: tuple[int, ...] = ()  # per device, compute units after the window; empty: minimise makespan
     follow: tuple[tuple[Op, ...], ...] = ()  # per device, ops after the window in list order: re-timed, not reordered
     chains: tuple[tuple[Op, ...], ...] = ()  # compute ops of the window that keep their order: free ops go between
+    # (kind, stage) whose ops the schedule runs out of microbatch order (W deferral reorders W
+    # passes): a window model leaves those unordered, or it could not hold the schedule it improves
+    unordered: frozenset[tuple[OpKind, int]] = frozenset()
 
     @property
     def window(self) -> bool:
@@ -153,6 +156,8 @@ class Variables:
         """F, B, W of the scope, their domains cut by the data paths before and after them."""
         for op in sorted(self.scope.compute):
             d, i = self.d(op), op.microbatch
+            if (op.kind, op.stage) in self.scope.unordered:
+                i = 0  # no earlier op of its chain need come before it
             head = self.grid.down(paths.head[(op.kind, op.stage)])
             lo = max(head + i * d, self.floor_end(self.device_of[op.stage]))  # FIFO: i earlier ops of this chain, one device
             if self.scope.window:
