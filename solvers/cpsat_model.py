@@ -24,7 +24,8 @@ The model, in integer units of a ``Grid`` (timegrid.py):
 - shared host links (``[offload] link_groups``): one no-overlap per group's D2H and H2D channel,
   served FIFO by ready time as the simulator serves it (cpsat_links.py), so on an exact grid the
   simulator reproduces the model's times there too; a window model leaves the order free;
-- symmetry breaking: every stage runs its F, its B and its W in microbatch order (FIFO).
+- symmetry breaking: every stage runs its F, its B and its W in microbatch order (FIFO); a
+  window leaves unordered the chains its schedule runs out of order (``Scope.unordered``).
   Without offload this loses nothing (memory depends only on how many activations of a stage
   are live, so labels can be exchanged); with offload it is the usual restriction, and
   "optimal" means optimal among microbatch-ordered schedules.

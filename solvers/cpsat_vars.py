@@ -156,10 +156,10 @@ class Variables:
         """F, B, W of the scope, their domains cut by the data paths before and after them."""
         for op in sorted(self.scope.compute):
             d, i = self.d(op), op.microbatch
-            if (op.kind, op.stage) in self.scope.unordered:
-                i = 0  # no earlier op of its chain need come before it
+            # FIFO: i earlier ops of this chain before it, one device; none where it is unordered
+            earlier = 0 if (op.kind, op.stage) in self.scope.unordered else i
             head = self.grid.down(paths.head[(op.kind, op.stage)])
-            lo = max(head + i * d, self.floor_end(self.device_of[op.stage]))  # FIFO: i earlier ops of this chain, one device
+            lo = max(head + earlier * d, self.floor_end(self.device_of[op.stage]))
             if self.scope.window:
                 hi = self.horizon - d
             else:
