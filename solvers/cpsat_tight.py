@@ -101,9 +101,10 @@ def _may_follow(v: Variables, op: Op, others: list[Op]) -> Reasons:
 
 def _may_end_at(v: Variables, before: Op, op: Op) -> bool:
     """Can ``before`` end exactly when ``op`` starts, given their windows and FIFO? FIFO binds
-    compute ops only, and not the chains a window leaves unordered (window.unordered_chains): a channel may carry a later microbatch's transfer of the stage first (its
-    issue point came earlier), and on a p = 4, m = 6 case with k = 2 only that order reaches the
-    optimum (tests/test_cpsat_transfer_order.py)."""
+    compute ops only, and not the chains a window leaves unordered (window.unordered_chains): a
+    channel may carry a later microbatch's transfer of the stage first (its issue point came
+    earlier), and on a p = 4, m = 6 case with k = 2 only that order reaches the optimum
+    (tests/test_cpsat_transfer_order.py)."""
     if (before.kind in COMPUTE and before.stage == op.stage and before.kind == op.kind
             and before.microbatch > op.microbatch and (op.kind, op.stage) not in v.scope.unordered):
         return False

@@ -104,9 +104,10 @@ def unordered_chains(timeline: Timeline) -> frozenset[tuple[OpKind, int]]:
     """(kind, stage) of the compute ops that ``timeline`` does not run in microbatch order.
 
     The model's symmetry breaking (cpsat_model.py) runs each stage's F, B and W in microbatch
-    order; W deferral (wdefer.py) moves single W passes past later ones, and a window holding
-    such a pair, or one of them with the other re-timed after it, had no solution at all: on
-    seed 1's grid14 (p = 12) 71 of a 60 s compile's 118 windows were infeasible."""
+    order; W deferral (wdefer.py) moves single W passes past later ones, and a window that
+    freed one of such a pair while the other was re-timed after it (or fixed before it) had no
+    solution at all: on seed 1's grid14 (p = 12) 71 of a 60 s compile's 118 windows were
+    infeasible."""
     latest: dict[tuple[OpKind, int], int] = {}  # the latest microbatch started so far
     out = set()
     for t in sorted(timeline.timings, key=lambda t: t.start):
