@@ -87,7 +87,7 @@ class Model(Variables):
             if op.kind in COMPUTE:
                 for pred, lag in self.data_preds(op):
                     self.cp.add(var >= self.end_of(pred) + lag)
-                if op.microbatch > 0 and (op.kind, op.stage) not in self.scope.unordered:  # FIFO
+                if op.microbatch > 0 and self.in_order(op):  # FIFO
                     earlier = self.end_of(Op(op.kind, op.stage, op.microbatch - 1))
                     if earlier is not None:
                         self.cp.add(var >= earlier)

@@ -106,7 +106,7 @@ def _may_end_at(v: Variables, before: Op, op: Op) -> bool:
     earlier), and on a p = 4, m = 6 case with k = 2 only that order reaches the optimum
     (tests/test_cpsat_transfer_order.py)."""
     if (before.kind in COMPUTE and before.stage == op.stage and before.kind == op.kind
-            and before.microbatch > op.microbatch and (op.kind, op.stage) not in v.scope.unordered):
+            and before.microbatch > op.microbatch and v.in_order(op)):
         return False
     lo, hi = v.window[before]
     a, b = v.window[op]

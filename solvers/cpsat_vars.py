@@ -156,8 +156,7 @@ class Variables:
         """F, B, W of the scope, their domains cut by the data paths before and after them."""
         for op in sorted(self.scope.compute):
             d, i = self.d(op), op.microbatch
-            # FIFO: i earlier ops of this chain before it, one device; none where it is unordered
-            earlier = 0 if (op.kind, op.stage) in self.scope.unordered else i
+            earlier = i if self.in_order(op) else 0  # FIFO: i earlier ops of this chain, one device
             head = self.grid.down(paths.head[(op.kind, op.stage)])
             lo = max(head + earlier * d, self.floor_end(self.device_of[op.stage]))
             if self.scope.window:
@@ -239,6 +238,11 @@ class Variables:
     def d(self, op: Op) -> int:
         """The op's duration in units."""
         return self.dur[(op.kind, op.stage)]
+
+    def in_order(self, op: Op) -> bool:
+        """Whether the model runs ``op``'s chain (its kind, its stage) in microbatch order: the
+        symmetry breaking of cpsat_model.py, except where a window's schedule does not."""
+        return (op.kind, op.stage) not in self.scope.unordered
 
     def start_of(self, op: Op):
         """A variable, a constant, or None when the op is outside the model (after the window)."""

@@ -108,15 +108,16 @@ def unordered_chains(timeline: Timeline) -> frozenset[tuple[OpKind, int]]:
     freed one of such a pair while the other was re-timed after it (or fixed before it) had no
     solution at all: on seed 1's grid14 (p = 12) 71 of a 60 s compile's 118 windows were
     infeasible."""
-    latest: dict[tuple[OpKind, int], int] = {}  # the latest microbatch started so far
+    latest: dict[tuple[OpKind, int], int] = {}  # per chain, the latest microbatch run so far
     out = set()
-    for t in sorted(timeline.timings, key=lambda t: t.start):
+    for t in timeline.timings:  # a stage's ops share one device, whose timings come in start order
         if t.op.kind not in COMPUTE_KINDS:
             continue
-        key = (t.op.kind, t.op.stage)
-        if t.op.microbatch < latest.get(key, -1):
-            out.update([(_B, t.op.stage), (_W, t.op.stage)] if t.op.kind is _BW else [key])
-        latest[key] = max(t.op.microbatch, latest.get(key, -1))
+        for kind in (_B, _W) if t.op.kind is _BW else (t.op.kind,):  # a fused BW is B then W
+            key = (kind, t.op.stage)
+            if t.op.microbatch < latest.get(key, -1):
+                out.add(key)
+            latest[key] = max(t.op.microbatch, latest.get(key, -1))
     return frozenset(out)
 
 
