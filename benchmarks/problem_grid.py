@@ -97,3 +97,13 @@ def with_budgets(problem: Problem, factors: list[float]) -> list[Problem]:
     budget (it closes as memory grows) or from the pipeline (it does not) shows in one table."""
     return [dataclasses.replace(problem.with_budget(int(problem.memory.budget * factor)),
                                 name=f"{problem.name}@{factor:g}x") for factor in factors]
+
+
+def with_microbatches(problem: Problem, counts: list[int]) -> list[Problem]:
+    """The problem at each microbatch count, named with @m<count>: where the small counts are
+    proven optimal and the found makespan grows by the same ms per microbatch to the full count,
+    a gap that grows with it is the bound's, not the search's."""
+    return [dataclasses.replace(problem, name=f"{problem.name}@m{count}",
+                                pipeline=dataclasses.replace(problem.pipeline, microbatches=count))
+            for count in counts]
+

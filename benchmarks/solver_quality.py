@@ -28,6 +28,12 @@ at ``--time-limit``: how many compile proves optimal, and the gaps of the rest.
     python -m benchmarks.solver_quality [--time-limit S] [--grid] [--time-limits 10,30,60] [--large] [--huge]
     python -m benchmarks.solver_quality --grid --time-limits 60 --only grid02,grid08 --repeat 5
     python -m benchmarks.solver_quality --small 20 --time-limit 20
+    python -m benchmarks.solver_quality --grid --time-limits 60 --only grid03 --microbatches 4,6,8,32
+
+With ``--microbatches`` each chosen problem is compiled at those microbatch counts as well, with
+a table of what each microbatch more costs the schedule and the bound: where the small counts are
+proven optimal and the schedule then grows by the same ms per microbatch, the bound is what is
+loose.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ def _row(problem: Problem, time_limit_s: float, seed: int, on_progress=None) -> 
     return {
         "problem": problem.name,
         "devices": problem.devices,
+        "microbatches": problem.pipeline.microbatches,
         "offload": problem.offload.enabled,
         "baseline": compiled.baseline.name if compiled.baseline else None,
         "baseline_makespan_ms": base.makespan if base else None,
@@ -140,21 +147,25 @@ def _every_heuristic(problem: Problem) -> dict:
 
 
 def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only: str = "",
-             budgets: list[float] | None = None, repeat: int = 1) -> list[dict]:
+             budgets: list[float] | None = None, repeat: int = 1, microbatches: list[int] | None = None) -> list[dict]:
     """The generated grid at each time limit: table, targets and JSON (results/solver_quality_grid.json,
     or solver_quality_grid_only.json for the problems whose names contain ``only``, or any of its
     comma-separated parts; _seedN added for a grid of another seed); with
     ``budgets``, each problem at each of those multiples of its budget instead
     (solver_quality_grid_budgets.json); with ``repeat`` > 1, each compile that many times, compile's
     seed counting up from ``seed`` (the problems stay those of ``seed``), and each row's spread
-    (the same names with _repeat added)."""
-    from .problem_grid import grid, with_budgets
+    (the same names with _repeat added); with ``microbatches``, each problem at each of those
+    microbatch counts, and what each microbatch more costs the schedule and the bound
+    (_microbatches added)."""
+    from .problem_grid import grid, with_budgets, with_microbatches
 
     rows = []
     wanted = [part for part in only.split(",") if part] or [""]
     problems = [p for p in grid(seed, large) if any(part in p.name for part in wanted)]
     if budgets:
         problems = [scaled for p in problems for scaled in with_budgets(p, budgets)]
+    if microbatches:
+        problems = [shorter for p in problems for shorter in with_microbatches(p, microbatches)]
     for problem in problems:
         heuristics = _every_heuristic(problem)
         for limit in time_limits:
@@ -167,6 +178,9 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only:
     spread = stability(rows) if repeat > 1 else None
     if spread:
         wide.print(_spread_table(spread))
+    ladder = per_microbatch(rows) if microbatches else None
+    if ladder:
+        wide.print(_ladder_table(ladder))
     totals = grid_summary(rows)
     pct = _pct
     for limit, t in totals.items():
@@ -176,10 +190,12 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only:
                       f"where the heuristic is >1% above the bound {cut} (target 50%), never worse than the best "
                       f"heuristic: "
                       f"{'yes' if t['never_worse_than_heuristic'] else 'NO'}")
-    name = ("solver_quality_grid" + ("_budgets" if budgets else "_only" if only else "") + ("_repeat" if repeat > 1 else "")
+    name = ("solver_quality_grid" + ("_budgets" if budgets else "_only" if only else "")
+            + ("_microbatches" if microbatches else "") + ("_repeat" if repeat > 1 else "")
             + (f"_seed{seed}" if seed else ""))  # another seed's problems never overwrite seed 0's record
     save(name, rows, time_limits_s=time_limits, seed=seed, summary=totals, only=only or None,
-         budget_factors=budgets or None, runs=repeat, stability=spread)
+         budget_factors=budgets or None, runs=repeat, stability=spread, microbatches=microbatches or None,
+         per_microbatch=ladder)
     return rows
 
 
@@ -198,6 +214,40 @@ def stability(rows: list[dict]) -> list[dict]:
                     "within_2_percent": sum(g <= 0.02 for g in gaps), "best_gap": gaps[0],
                     "median_gap": gaps[(len(gaps) - 1) // 2], "worst_gap": gaps[-1]})
     return out
+
+
+def per_microbatch(rows: list[dict]) -> list[dict]:
+    """Per problem and time limit, between each two microbatch counts run (``--microbatches``):
+    what each microbatch more added to the compiled makespan and to the lower bound, and whether
+    the smaller count was proven optimal. A schedule that grows by the same ms per microbatch
+    from proven optima on, while its bound grows by less, has a gap that is the bound's."""
+    runs: dict[tuple[str, float], list[dict]] = {}
+    for r in rows:
+        if r["status"] != "infeasible":
+            runs.setdefault((r["problem"].rsplit("@m", 1)[0], r["time_limit_s"]), []).append(r)
+    out = []
+    for (problem, limit), ladder in runs.items():
+        ladder.sort(key=lambda r: r["microbatches"])
+        for low, high in zip(ladder, ladder[1:]):
+            more = high["microbatches"] - low["microbatches"]
+            if more <= 0:
+                continue
+            out.append({"problem": problem, "time_limit_s": limit, "from": low["microbatches"],
+                        "to": high["microbatches"], "proven_at_from": low["status"] == "optimal",
+                        "makespan_ms_per_microbatch": (high["makespan_ms"] - low["makespan_ms"]) / more,
+                        "bound_ms_per_microbatch": (high["lower_bound_ms"] - low["lower_bound_ms"]) / more})
+    return out
+
+
+def _ladder_table(ladder: list[dict]) -> Table:
+    table = Table(title="what one microbatch more costs: the schedule against its bound")
+    for column in ("problem", "limit s", "microbatches", "optimal at the first", "compiled ms / mb", "bound ms / mb"):
+        table.add_column(column, justify="left" if column == "problem" else "right")
+    for step in ladder:
+        table.add_row(step["problem"], f"{step['time_limit_s']:g}", f"{step['from']} -> {step['to']}",
+                      "yes" if step["proven_at_from"] else "no", f"{step['makespan_ms_per_microbatch']:,.2f}",
+                      f"{step['bound_ms_per_microbatch']:,.2f}")
+    return table
 
 
 def _spread_table(spread: list[dict]) -> Table:
@@ -322,6 +372,11 @@ def _count(text: str) -> int:
     return value
 
 
+def _counts(text: str) -> list[int]:
+    """A comma-separated list of whole numbers of at least 1 (microbatch counts), for argparse."""
+    return [_count(part) for part in text.split(",") if part.strip()] or [_count(text)]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.solver_quality", description=__doc__.split("\n")[0])
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds per instance (default 60)")
@@ -336,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", type=_positives, default=None, metavar="F,F,...",
                         help="with --grid: each problem at these multiples of its budget (for example 1,1.5,2): "
                              "a gap that closes as memory grows is the budget's")
+    parser.add_argument("--microbatches", type=_counts, default=None, metavar="M,M,...",
+                        help="with --grid: each problem at these microbatch counts (for example 4,6,8,32): a "
+                             "gap that grows by the same ms a microbatch from proven optima on is the bound's")
     parser.add_argument("--repeat", type=_count, default=1, metavar="N",
                         help="with --grid: compile each problem N times (seeds counting up) and show how often "
                              "each row lands within 2%% of its bound")
@@ -346,6 +404,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.budgets and not args.grid:
         parser.error("--budgets scales the generated grid's problems: add --grid")
+    if args.microbatches and not args.grid:
+        parser.error("--microbatches changes the generated grid's problems: add --grid")
     if args.repeat > 1 and not args.grid:
         parser.error("--repeat runs the generated grid's compiles again: add --grid")
     if args.small:
@@ -353,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.huge:
         run_huge(args.time_limits, args.seed)
     elif args.grid:
-        run_grid(args.time_limits, args.seed, args.large, args.only, args.budgets, args.repeat)
+        run_grid(args.time_limits, args.seed, args.large, args.only, args.budgets, args.repeat, args.microbatches)
     else:
         run(args.time_limit, args.seed)
 

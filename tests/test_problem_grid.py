@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from benchmarks.problem_grid import grid, small, with_budgets
+from benchmarks.problem_grid import grid, small, with_budgets, with_microbatches
 
 
 def test_grid_is_the_same_every_run():
@@ -31,9 +31,53 @@ def test_with_budgets_scales_the_budget_and_nothing_else():
         assert same == problem
 
 
+def test_with_microbatches_changes_the_count_and_nothing_else():
+    problem = grid()[3]
+    shorter = with_microbatches(problem, [4, 6])
+    assert [p.name for p in shorter] == [problem.name + "@m4", problem.name + "@m6"]
+    assert [p.pipeline.microbatches for p in shorter] == [4, 6]
+    for p in shorter:
+        assert dataclasses.replace(p, name=problem.name, pipeline=problem.pipeline) == problem
+
+
+def test_per_microbatch_gives_each_steps_cost_per_microbatch():
+    from benchmarks.solver_quality import per_microbatch
+
+    def row(m, makespan, bound, status="feasible", problem="g"):
+        return {"problem": f"{problem}@m{m}", "microbatches": m, "makespan_ms": makespan, "lower_bound_ms": bound,
+                "status": status, "time_limit_s": 60.0}
+
+    rows = [row(8, 368.0, 338.0), row(4, 192.0, 192.0, "optimal"), row(6, 280.0, 280.0, "optimal"),
+            row(4, 1.0, 1.0, "infeasible", problem="h"), row(4, 10.0, 10.0, problem="k")]
+    ladder = per_microbatch(rows)
+    assert [(s["from"], s["to"], s["proven_at_from"]) for s in ladder] == [(4, 6, True), (6, 8, True)]
+    assert [s["problem"] for s in ladder] == ["g", "g"]  # one count alone (k), or none that solved (h): no step
+    assert ladder[0]["makespan_ms_per_microbatch"] == 44.0 and ladder[0]["bound_ms_per_microbatch"] == 44.0
+    assert ladder[1]["makespan_ms_per_microbatch"] == 44.0 and ladder[1]["bound_ms_per_microbatch"] == 29.0
+
+
+def test_a_microbatch_ladder_compiles_each_count_and_saves_the_steps(monkeypatch):
+    import benchmarks.solver_quality as quality
+
+    saved = {}
+    monkeypatch.setattr(quality, "save", lambda name, rows, **meta: saved.update(name=name, rows=rows, **meta))
+    rows = quality.run_grid([5.0], only="grid00", microbatches=[2, 4])
+    assert [(r["problem"], r["microbatches"]) for r in rows] == [
+        ("grid00-p4-v1-m8-b0.5-k1@m2", 2), ("grid00-p4-v1-m8-b0.5-k1@m4", 4)]
+    assert saved["name"] == "solver_quality_grid_only_microbatches" and saved["microbatches"] == [2, 4]
+    (step,) = saved["per_microbatch"]
+    assert (step["from"], step["to"]) == (2, 4)
+    # grid00 (p = 4, v = 1) is solved to optimality at both counts: schedule and bound grow alike
+    assert step["proven_at_from"] and [r["status"] for r in rows] == ["optimal", "optimal"]
+    assert step["makespan_ms_per_microbatch"] == pytest.approx(step["bound_ms_per_microbatch"])
+    assert step["makespan_ms_per_microbatch"] > 0
+
+
 @pytest.mark.parametrize("argv", [
     ["--grid", "--budgets", "x"], ["--grid", "--time-limits", "0,5"], ["--budgets", "1,2"],
     ["--grid", "--repeat", "0"], ["--grid", "--repeat", "two"], ["--repeat", "3"],
+    ["--microbatches", "4,8"], ["--grid", "--microbatches", "0,4"], ["--grid", "--microbatches", "4.5"],
+    ["--grid", "--microbatches", ","],
 ])
 def test_solver_quality_checks_its_command_line(argv, capsys):
     from benchmarks.solver_quality import main
