@@ -220,13 +220,14 @@ def per_microbatch(rows: list[dict]) -> list[dict]:
     """Per problem and time limit, between each two microbatch counts run (``--microbatches``):
     what each microbatch more added to the compiled makespan and to the lower bound, and whether
     the smaller count was proven optimal. A schedule that grows by the same ms per microbatch
-    from proven optima on, while its bound grows by less, has a gap that is the bound's."""
-    runs: dict[tuple[str, float], list[dict]] = {}
+    from proven optima on, while its bound grows by less, has a gap that is the bound's. With
+    ``--repeat``, each run's counts are compared with the same run's."""
+    runs: dict[tuple[str, float, int], list[dict]] = {}
     for r in rows:
         if r["status"] != "infeasible":
-            runs.setdefault((r["problem"].rsplit("@m", 1)[0], r["time_limit_s"]), []).append(r)
+            runs.setdefault((r["problem"].rsplit("@m", 1)[0], r["time_limit_s"], r.get("run", 0)), []).append(r)
     out = []
-    for (problem, limit), ladder in runs.items():
+    for (problem, limit, _), ladder in runs.items():
         ladder.sort(key=lambda r: r["microbatches"])
         for low, high in zip(ladder, ladder[1:]):
             more = high["microbatches"] - low["microbatches"]

@@ -49,7 +49,8 @@ def test_per_microbatch_gives_each_steps_cost_per_microbatch():
 
     rows = [row(8, 368.0, 338.0), row(4, 192.0, 192.0, "optimal"), row(6, 280.0, 280.0, "optimal"),
             row(4, 1.0, 1.0, "infeasible", problem="h"), row(4, 10.0, 10.0, problem="k")]
-    ladder = per_microbatch(rows)
+    again = [{**row(4, 190.0, 190.0), "run": 1}]  # another run's compile is not a step of this ladder
+    ladder = per_microbatch(rows + again)
     assert [(s["from"], s["to"], s["proven_at_from"]) for s in ladder] == [(4, 6, True), (6, 8, True)]
     assert [s["problem"] for s in ladder] == ["g", "g"]  # one count alone (k), or none that solved (h): no step
     assert ladder[0]["makespan_ms_per_microbatch"] == 44.0 and ladder[0]["bound_ms_per_microbatch"] == 44.0
