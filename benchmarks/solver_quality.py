@@ -240,10 +240,17 @@ def per_microbatch(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _per_problem_table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table whose first column names the problem and whose others are figures."""
+    table = Table(title=title)
+    for k, column in enumerate(columns):
+        table.add_column(column, justify="right" if k else "left")
+    return table
+
+
 def _ladder_table(ladder: list[dict]) -> Table:
-    table = Table(title="what one microbatch more costs: the schedule against its bound")
-    for column in ("problem", "limit s", "microbatches", "optimal at the first", "compiled ms / mb", "bound ms / mb"):
-        table.add_column(column, justify="left" if column == "problem" else "right")
+    table = _per_problem_table("what one microbatch more costs: the schedule against its bound", (
+        "problem", "limit s", "microbatches", "optimal at the first", "compiled ms / mb", "bound ms / mb"))
     for step in ladder:
         table.add_row(step["problem"], f"{step['time_limit_s']:g}", f"{step['from']} -> {step['to']}",
                       "yes" if step["proven_at_from"] else "no", f"{step['makespan_ms_per_microbatch']:,.2f}",
@@ -252,9 +259,8 @@ def _ladder_table(ladder: list[dict]) -> Table:
 
 
 def _spread_table(spread: list[dict]) -> Table:
-    table = Table(title="the same compiles, run again: how often each row lands within 2% of its bound")
-    for column in ("problem", "limit s", "within 2%", "best gap", "median gap", "worst gap"):
-        table.add_column(column, justify="left" if column == "problem" else "right")
+    table = _per_problem_table("the same compiles, run again: how often each row lands within 2% of its bound",
+                               ("problem", "limit s", "within 2%", "best gap", "median gap", "worst gap"))
     for s in spread:
         mark = "green" if s["within_2_percent"] == s["runs"] else "red" if not s["within_2_percent"] else "yellow"
         table.add_row(s["problem"], f"{s['time_limit_s']:g}", f"[{mark}]{s['within_2_percent']} of {s['runs']}[/]",
