@@ -106,4 +106,3 @@ def with_microbatches(problem: Problem, counts: list[int]) -> list[Problem]:
     return [dataclasses.replace(problem, name=f"{problem.name}@m{count}",
                                 pipeline=dataclasses.replace(problem.pipeline, microbatches=count))
             for count in counts]
-
