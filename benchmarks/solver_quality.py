@@ -39,6 +39,7 @@ loose.
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 
@@ -146,17 +147,24 @@ def _every_heuristic(problem: Problem) -> dict:
     return {e.name: (e.judged.makespan_ms if e.fits else None) for e in compare(problem) if e.applicable}
 
 
+def grid_result_name(seed: int, only: str, *, budgets: bool, microbatches: bool, repeat: bool) -> str:
+    """The grid run's JSON name: one record per seed and per selection, so that a run of other
+    rows (``--only``) or of another seed never overwrites one kept before."""
+    selection = "-".join(part for part in re.split(r"[^A-Za-z0-9.]+", only) if part)
+    return ("solver_quality_grid" + ("_budgets" if budgets else "") + (f"_only-{selection}" if selection else "")
+            + ("_microbatches" if microbatches else "") + ("_repeat" if repeat else "")
+            + (f"_seed{seed}" if seed else ""))
+
+
 def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only: str = "",
              budgets: list[float] | None = None, repeat: int = 1, microbatches: list[int] | None = None) -> list[dict]:
-    """The generated grid at each time limit: table, targets and JSON (results/solver_quality_grid.json,
-    or solver_quality_grid_only.json for the problems whose names contain ``only``, or any of its
-    comma-separated parts; _seedN added for a grid of another seed); with
-    ``budgets``, each problem at each of those multiples of its budget instead
-    (solver_quality_grid_budgets.json); with ``repeat`` > 1, each compile that many times, compile's
-    seed counting up from ``seed`` (the problems stay those of ``seed``), and each row's spread
-    (the same names with _repeat added); with ``microbatches``, each problem at each of those
-    microbatch counts, and what each microbatch more costs the schedule and the bound
-    (_microbatches added)."""
+    """The generated grid at each time limit: table, targets and JSON (results/solver_quality_grid.json;
+    ``grid_result_name`` says what each option adds to it). ``only``: the problems whose names
+    contain it, or any of its comma-separated parts; ``budgets``: each problem at each of those
+    multiples of its budget instead; ``repeat`` > 1: each compile that many times, compile's seed
+    counting up from ``seed`` (the problems stay those of ``seed``), and each row's spread;
+    ``microbatches``: each problem at each of those microbatch counts, and what each microbatch
+    more costs the schedule and the bound."""
     from .problem_grid import grid, with_budgets, with_microbatches
 
     rows = []
@@ -190,9 +198,7 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only:
                       f"where the heuristic is >1% above the bound {cut} (target 50%), never worse than the best "
                       f"heuristic: "
                       f"{'yes' if t['never_worse_than_heuristic'] else 'NO'}")
-    name = ("solver_quality_grid" + ("_budgets" if budgets else "_only" if only else "")
-            + ("_microbatches" if microbatches else "") + ("_repeat" if repeat > 1 else "")
-            + (f"_seed{seed}" if seed else ""))  # another seed's problems never overwrite seed 0's record
+    name = grid_result_name(seed, only, budgets=bool(budgets), microbatches=bool(microbatches), repeat=repeat > 1)
     save(name, rows, time_limits_s=time_limits, seed=seed, summary=totals, only=only or None,
          budget_factors=budgets or None, runs=repeat, stability=spread, microbatches=microbatches or None,
          per_microbatch=ladder)

@@ -65,7 +65,7 @@ def test_a_microbatch_ladder_compiles_each_count_and_saves_the_steps(monkeypatch
     rows = quality.run_grid([5.0], only="grid00", microbatches=[2, 4])
     assert [(r["problem"], r["microbatches"]) for r in rows] == [
         ("grid00-p4-v1-m8-b0.5-k1@m2", 2), ("grid00-p4-v1-m8-b0.5-k1@m4", 4)]
-    assert saved["name"] == "solver_quality_grid_only_microbatches" and saved["microbatches"] == [2, 4]
+    assert saved["name"] == "solver_quality_grid_only-grid00_microbatches" and saved["microbatches"] == [2, 4]
     (step,) = saved["per_microbatch"]
     assert (step["from"], step["to"]) == (2, 4)
     # grid00 (p = 4, v = 1) is solved to optimality at both counts: schedule and bound grow alike
@@ -116,7 +116,7 @@ def test_a_repeated_grid_run_compiles_each_problem_again_with_the_next_seed(monk
     rows = quality.run_grid([5.0], seed=0, only="grid00,nothing-by-this-name", repeat=2)
     assert seeds == [0, 1]
     assert [r["run"] for r in rows] == [0, 1] and {r["problem"] for r in rows} == {"grid00-p4-v1-m8-b0.5-k1"}
-    assert saved["name"] == "solver_quality_grid_only_repeat" and saved["runs"] == 2
+    assert saved["name"] == "solver_quality_grid_only-grid00-nothing-by-this-name_repeat" and saved["runs"] == 2
     (spread,) = saved["stability"]
     assert spread["runs"] == 2 and spread["within_2_percent"] == 2  # grid00 is solved to optimality
 
@@ -128,5 +128,21 @@ def test_a_grid_of_another_seed_is_saved_under_its_own_name(monkeypatch):
     saved = {}
     monkeypatch.setattr(quality, "save", lambda name, rows, **meta: saved.update(name=name, **meta))
     rows = quality.run_grid([2.0], seed=3, only="grid00")
-    assert saved["name"] == "solver_quality_grid_only_seed3" and saved["seed"] == 3
+    assert saved["name"] == "solver_quality_grid_only-grid00_seed3" and saved["seed"] == 3
     assert [r["problem"] for r in rows] == ["grid00-p4-v1-m8-b0.5-k1"]
+
+
+def test_runs_of_other_rows_are_saved_under_their_own_names():
+    """A run of one row's ladder must not overwrite another row's (it did, twice, with one name for
+    every --only run)."""
+    from benchmarks.solver_quality import grid_result_name
+
+    plain = dict(budgets=False, microbatches=False, repeat=False)
+    assert grid_result_name(0, "", **plain) == "solver_quality_grid"
+    assert grid_result_name(2, "grid03", **{**plain, "microbatches": True}) == "solver_quality_grid_only-grid03_microbatches_seed2"
+    assert grid_result_name(2, "grid11", **{**plain, "microbatches": True}) == "solver_quality_grid_only-grid11_microbatches_seed2"
+    assert grid_result_name(0, "grid02, grid08", **plain) == "solver_quality_grid_only-grid02-grid08"
+    assert grid_result_name(1, "p8-v3", **{**plain, "budgets": True, "repeat": True}) == (
+        "solver_quality_grid_budgets_only-p8-v3_repeat_seed1")
+    assert "/" not in grid_result_name(0, "../x", **plain)  # never a path
+
