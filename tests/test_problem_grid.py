@@ -139,10 +139,10 @@ def test_runs_of_other_rows_are_saved_under_their_own_names():
 
     plain = dict(budgets=False, microbatches=False, repeat=False)
     assert grid_result_name(0, "", **plain) == "solver_quality_grid"
-    assert grid_result_name(2, "grid03", **{**plain, "microbatches": True}) == "solver_quality_grid_only-grid03_microbatches_seed2"
-    assert grid_result_name(2, "grid11", **{**plain, "microbatches": True}) == "solver_quality_grid_only-grid11_microbatches_seed2"
+    ladder = {**plain, "microbatches": True}
+    assert grid_result_name(2, "grid03", **ladder) == "solver_quality_grid_only-grid03_microbatches_seed2"
+    assert grid_result_name(2, "grid11", **ladder) == "solver_quality_grid_only-grid11_microbatches_seed2"
     assert grid_result_name(0, "grid02, grid08", **plain) == "solver_quality_grid_only-grid02-grid08"
     assert grid_result_name(1, "p8-v3", **{**plain, "budgets": True, "repeat": True}) == (
         "solver_quality_grid_budgets_only-p8-v3_repeat_seed1")
     assert "/" not in grid_result_name(0, "../x", **plain)  # never a path
-
