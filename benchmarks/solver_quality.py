@@ -147,10 +147,15 @@ def _every_heuristic(problem: Problem) -> dict:
     return {e.name: (e.judged.makespan_ms if e.fits else None) for e in compare(problem) if e.applicable}
 
 
+def _selection(only: str) -> list[str]:
+    """``--only``'s parts: the texts a problem's name may contain to be run (none: every problem)."""
+    return [part.strip() for part in only.split(",") if part.strip()]
+
+
 def grid_result_name(seed: int, only: str, *, budgets: bool, microbatches: bool, repeat: bool) -> str:
     """The grid run's JSON name: one record per seed and per selection, so that a run of other
     rows (``--only``) or of another seed never overwrites one kept before."""
-    selection = "-".join(part for part in re.split(r"[^A-Za-z0-9.]+", only) if part)
+    selection = "-".join(word for part in _selection(only) for word in re.split(r"[^A-Za-z0-9.]+", part) if word)
     return ("solver_quality_grid" + ("_budgets" if budgets else "") + (f"_only-{selection}" if selection else "")
             + ("_microbatches" if microbatches else "") + ("_repeat" if repeat else "")
             + (f"_seed{seed}" if seed else ""))
@@ -168,7 +173,7 @@ def run_grid(time_limits: list[float], seed: int = 0, large: bool = False, only:
     from .problem_grid import grid, with_budgets, with_microbatches
 
     rows = []
-    wanted = [part for part in only.split(",") if part] or [""]
+    wanted = _selection(only) or [""]
     problems = [p for p in grid(seed, large) if any(part in p.name for part in wanted)]
     if budgets:
         problems = [scaled for p in problems for scaled in with_budgets(p, budgets)]

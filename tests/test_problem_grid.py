@@ -113,7 +113,7 @@ def test_a_repeated_grid_run_compiles_each_problem_again_with_the_next_seed(monk
     real_row = quality._row
     monkeypatch.setattr(quality, "save", lambda name, rows, **meta: saved.update(name=name, rows=rows, **meta))
     monkeypatch.setattr(quality, "_row", lambda problem, limit, seed: seeds.append(seed) or real_row(problem, limit, seed))
-    rows = quality.run_grid([5.0], seed=0, only="grid00,nothing-by-this-name", repeat=2)
+    rows = quality.run_grid([5.0], seed=0, only="grid00, nothing-by-this-name", repeat=2)  # a space after the comma too
     assert seeds == [0, 1]
     assert [r["run"] for r in rows] == [0, 1] and {r["problem"] for r in rows} == {"grid00-p4-v1-m8-b0.5-k1"}
     assert saved["name"] == "solver_quality_grid_only-grid00-nothing-by-this-name_repeat" and saved["runs"] == 2
@@ -135,7 +135,9 @@ def test_a_grid_of_another_seed_is_saved_under_its_own_name(monkeypatch):
 def test_runs_of_other_rows_are_saved_under_their_own_names():
     """A run of one row's ladder must not overwrite another row's (it did, twice, with one name for
     every --only run)."""
-    from benchmarks.solver_quality import grid_result_name
+    from benchmarks.solver_quality import _selection, grid_result_name
+
+    assert _selection("grid02, grid08,") == ["grid02", "grid08"]  # " grid08" would match no row
 
     plain = dict(budgets=False, microbatches=False, repeat=False)
     assert grid_result_name(0, "", **plain) == "solver_quality_grid"
