@@ -1,22 +1,31 @@
-"""When the budget holds back the pipeline's fill: the earliest the j-th F and B of each stage start.
+"""When the budget holds back the pipeline: the earliest the j-th F and B of each stage start.
 
 A device can start a forward only while its held activations leave room for one more. Before
 the j-th F(s) in time order starts, j + 1 microbatches have started F(s) and every F of the
-device's stages below s, so their bytes are taken, less what has been freed since. An
-activation stops being held whole only when its offload ends or its B ends, and those run one
-at a time on the D2H channel and on the compute channel; so once the started bytes exceed the
-budget by more than k - 1 of the largest activations, k such ends must have come first, and
-the k-th cannot come before the fastest mix of offloads and backward passes allows.
+device's stages below s, so their bytes are taken, less what has been freed since. Only ends
+free memory: an offload's end frees its activation, a B's end the activation less its weight
+part, a W's end the weight part (memory holds, design.md). So the forward waits until the
+offloads, backward passes and W passes that can have ended by then free the excess.
+
+Those ends have their own earliest times: the i-th offload of a device in time order ends no
+earlier than its i-th forward plus one offload, and no earlier than one offload after the
+previous one (the D2H channel runs one at a time); the i-th B (W) no earlier than the i-th
+earliest B start bound plus B (plus W). The B bounds come from the F bounds along the data
+chain, and the F bounds from the B bounds through memory, so the two are raised in turn until
+nothing moves: every pass keeps a proof, since it reasons only from bounds already proven.
+That is the round trip a tight budget makes each microbatch wait for: with room for A
+activations and no offload, the (j + A)-th forward of stage 0 waits for the j-th backward.
 
 Delays carry down the pipeline: the j-th F(s) also waits for j + 1 forwards of stage s - 1, and
 the j-th B for j + 1 of the stage above. The per-device relaxation in bounds.py takes these as
-releases. A recomputed activation holds its resident bytes between F and the recompute, so with
-recompute on only those count as held.
+releases. A recomputed activation holds only its resident bytes from F's end to the recompute,
+so with recompute on only those count as taken; its B and W free what they free kept.
 """
 
 from __future__ import annotations
 
-import math
+import bisect
+from itertools import accumulate
 
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind
@@ -24,8 +33,10 @@ from optpipe.core.semantics import duration_ms, lag_ms, stage_ms
 
 __all__ = ["memory_releases"]
 
-_F, _B, _OFF = OpKind.F, OpKind.B, OpKind.OFFLOAD
+_F, _B, _W, _OFF = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD
 _INF = float("inf")
+_PASSES = 64  # raising F and B in turn stops here at the latest (each pass is a proof on its own)
+_MOVED_MS = 1e-6
 
 
 def memory_releases(problem: Problem, head: dict[tuple[OpKind, int], float]) -> dict[tuple[OpKind, int], list[float]]:
@@ -33,76 +44,89 @@ def memory_releases(problem: Problem, head: dict[tuple[OpKind, int], float]) -> 
 
     ``head``: the earliest start of each (kind, stage) for one microbatch alone (bounds.data_paths).
     """
-    pipe, memory = problem.pipeline, problem.memory
-    S, m = pipe.stages, pipe.microbatches
-    f, b = stage_ms(problem, _F), stage_ms(problem, _B)
-    held = list(memory.activation)
-    if problem.recompute.enabled:
-        held = [min(a, r) for a, r in zip(held, problem.recompute.resident)]
-    ends = {d: _Ends(problem, d, head) for d in range(pipe.devices)}
-    out: dict[tuple[OpKind, int], list[float]] = {}
-    for s in range(S):
-        device = pipe.device_of(s)
-        below = [t for t in pipe.stages_on(device) if t <= s]
-        taken, largest = sum(held[t] for t in below), max(held[t] for t in below)
-        starts: list[float] = []
-        for j in range(m):
-            start = head[(_F, s)]
-            if s > 0:
-                start = max(start, out[(_F, s - 1)][j] + f[s - 1] + lag_ms(problem, s - 1, s))
-            if j > 0:
-                start = max(start, starts[j - 1] + f[s])
-            excess = (j + 1) * taken - memory.budget
-            if excess > 0:
-                start = max(start, ends[device].kth(math.ceil(excess / largest)))
-            starts.append(start)
-        out[(_F, s)] = starts
-    for s in range(S - 1, -1, -1):
-        starts = []
-        for j in range(m):
-            if s == S - 1:
-                start = max(head[(_B, s)], out[(_F, s)][j] + f[s])
-            else:
-                start = max(head[(_B, s)], out[(_B, s + 1)][j] + b[s + 1] + lag_ms(problem, s + 1, s))
-            if j > 0:
-                start = max(start, starts[j - 1] + b[s])
-            starts.append(start)
-        out[(_B, s)] = starts
+    out = _chain(problem, head, None)
+    for _ in range(_PASSES):
+        frees = {d: _Frees(problem, d, out) for d in range(problem.devices)}
+        raised = _chain(problem, head, frees)
+        moved = max(max(x - y for x, y in zip(raised[key], out[key])) for key in out)
+        out = raised
+        if moved <= _MOVED_MS:
+            break
     return out
 
 
-class _Ends:
-    """The earliest a device's k-th offload-or-backward end can come."""
+def _chain(problem: Problem, head: dict, frees: dict[int, _Frees] | None) -> dict[tuple[OpKind, int], list[float]]:
+    """F bounds down the pipeline (held back by ``frees`` when given), then B bounds up it."""
+    pipe, budget = problem.pipeline, problem.memory.budget
+    S, m = pipe.stages, pipe.microbatches
+    f, b = stage_ms(problem, _F), stage_ms(problem, _B)
+    held = _held(problem)
+    lag = [lag_ms(problem, s, s + 1) for s in range(S - 1)]
+    out: dict[tuple[OpKind, int], list[float]] = {}
+    previous = None
+    for s in range(S):
+        device = pipe.device_of(s)
+        taken = sum(held[t] for t in pipe.stages_on(device) if t <= s)
+        wait = frees[device].time_to_free if frees is not None else None
+        starts: list[float] = []
+        last = -_INF
+        for j in range(m):
+            start = max(head[(_F, s)], last + f[s])
+            if previous is not None:
+                start = max(start, previous[j] + f[s - 1] + lag[s - 1])
+            excess = (j + 1) * taken - budget
+            if wait is not None and excess > 0:
+                start = max(start, wait(excess))
+            starts.append(start)
+            last = start
+        out[(_F, s)] = previous = starts
+    above = [x + f[S - 1] for x in previous]
+    for s in range(S - 1, -1, -1):
+        starts = []
+        last = -_INF
+        for j in range(m):
+            last = max(head[(_B, s)], above[j], last + b[s])
+            starts.append(last)
+        out[(_B, s)] = starts
+        if s > 0:
+            above = [x + b[s] + lag[s - 1] for x in starts]
+    return out
 
-    def __init__(self, problem: Problem, device: int, head: dict[tuple[OpKind, int], float]):
+
+def _held(problem: Problem) -> list[int]:
+    held = list(problem.memory.activation)
+    if problem.recompute.enabled:
+        held = [min(a, r) for a, r in zip(held, problem.recompute.resident)]
+    return held
+
+
+class _Frees:
+    """The most bytes a device can have freed by a time: every end that can have come by then,
+    each freeing the most its kind frees on the device."""
+
+    def __init__(self, problem: Problem, device: int, bounds: dict[tuple[OpKind, int], list[float]]):
         stages = problem.pipeline.stages_on(device)
-        f, b = stage_ms(problem, _F), stage_ms(problem, _B)
-        self.first_b = min(head[(_B, s)] + b[s] for s in stages)
-        self.b = min(b[s] for s in stages)
-        self.first_off = self.out = _INF
+        f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
+        act, part = problem.memory.activation, problem.memory.weight_activation
+        whole = max(act[s] for s in stages)
+        b_frees, w_frees = max(act[s] - part[s] for s in stages), max(part[s] for s in stages)
+        b_ends = sorted(x + b[s] for s in stages for x in bounds[(_B, s)])
+        w_least = min(w[s] for s in stages)
+        events = [(t, b_frees) for t in b_ends] + [(t + w_least, w_frees) for t in b_ends]
         if problem.offload.enabled:
-            self.out = min(duration_ms(problem, Op(_OFF, s, 0)) for s in stages)
-            self.first_off = min(head[(_F, s)] + f[s] for s in stages) + self.out
+            out = min(duration_ms(problem, Op(_OFF, s, 0)) for s in stages)
+            f_ends = sorted(x + f[s] for s in stages for x in bounds[(_F, s)])
+            end = -_INF
+            for t in f_ends:
+                end = max(end + out, t + out)
+                events.append((end, whole))
+        events.sort()
+        self.times = [t for t, _ in events]
+        self.freed = list(accumulate(bytes_ for _, bytes_ in events))
 
-    def _off(self, i: int) -> float:
-        if i == 0:
-            return -_INF
-        return _INF if self.out == _INF else self.first_off + (i - 1) * self.out
-
-    def _back(self, i: int) -> float:
-        return -_INF if i == 0 else self.first_b + (i - 1) * self.b
-
-    def kth(self, k: int) -> float:
-        """min over i of max(i-th offload end, (k - i)-th B end): the first is rising in i and the
-        second falling, so the least max is where they cross (bisection)."""
-        low, high = 0, k
-        while low < high:  # the least i whose offload end is no earlier than its B partner
-            mid = (low + high) // 2
-            if self._off(mid) >= self._back(k - mid):
-                high = mid
-            else:
-                low = mid + 1
-        best = max(self._off(low), self._back(k - low))
-        if low > 0:
-            best = min(best, max(self._off(low - 1), self._back(k - low + 1)))
-        return best
+    def time_to_free(self, excess: float) -> float:
+        """The earliest time by which ``excess`` bytes can have been freed."""
+        index = bisect.bisect_left(self.freed, excess)
+        if index < len(self.times):
+            return self.times[index]
+        return self.times[-1] if self.times else -_INF  # never freed: no schedule fits, any bound holds

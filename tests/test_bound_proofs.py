@@ -34,7 +34,7 @@ from optpipe.solvers.floor_relax import floor_relaxation_bound
 from optpipe.solvers.result import Judged, SolveStatus
 from optpipe.solvers.timegrid import choose_grid
 
-from conftest import examples
+from conftest import examples, uniform_problem
 
 F, B, W, OFF, REL, RC = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD, OpKind.RELOAD, OpKind.RECOMPUTE
 _MIDDLE = {"keep": (), "offload": (OFF, REL), "recompute": (RC,)}
@@ -237,3 +237,15 @@ def test_compile_reports_no_bound_above_a_fitting_schedule_on_a_shared_link():
     assert compiled.lower_bound_ms <= simulate(SHARED, FASTER_THAN_CPSAT).makespan + _EPS
     if compiled.status is SolveStatus.OPTIMAL:
         assert compiled.makespan_ms <= compiled.lower_bound_ms + _EPS
+
+
+@settings(max_examples=examples(16, ci=6), deadline=None)
+@given(p=st.integers(2, 3), v=st.integers(1, 2), m=st.integers(3, 4), f=_ms, b=_ms, w=_ms,
+       keep=st.sampled_from([10, 50, 90]), room=st.sampled_from([0, 40, 100, 150]))
+def test_round_trip_releases_not_above_the_optimum_without_offload(p, v, m, f, b, w, keep, room):
+    """With room for few activations, a forward waits for earlier microbatches' round trips
+    (fill.py); without offload CP-SAT's in-order optimum is every schedule's optimum."""
+    problem = uniform_problem(p, m, v=v, f=f, b=b * 1.5, w=w, keep=keep, budget=100 * v + room)
+    result = solve_cpsat(problem, time_limit_s=20.0, workers=1, seed=0)
+    if result.status is SolveStatus.OPTIMAL:
+        assert makespan_lower_bound(problem).value <= result.makespan_ms + _EPS

@@ -93,7 +93,14 @@ def test_never_above_the_cpsat_optimum(problem, optimum, monkeypatch):
     hint = best_fitting(compare(problem))
     result = cpsat.solve_cpsat(problem, time_limit_s=20.0, workers=1, seed=0, hint=hint.schedule if hint else None)
     assert result.status is SolveStatus.OPTIMAL and result.makespan_ms == pytest.approx(optimum)
-    assert _others(problem) < _phase(problem) <= optimum + _EPS
+    assert _phase(problem) <= optimum + _EPS and _others(problem) <= optimum + _EPS
+
+
+# Cases 1 and 3 no longer: there the fill's round trips (fill.py) prove as much (28 and 51 ms).
+@pytest.mark.parametrize("index", [0, 2, 4, 5, 6])
+def test_the_phases_prove_more_than_the_other_bounds(index):
+    problem, _ = OPTIMA[index]
+    assert _others(problem) < _phase(problem)
 
 
 def test_tight_where_a_schedule_meets_it():
