@@ -109,7 +109,8 @@ class _Frees:
         f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
         act, part = problem.memory.activation, problem.memory.weight_activation
         whole = max(act[s] for s in stages)
-        b_frees, w_frees = max(act[s] - part[s] for s in stages), max(part[s] for s in stages)
+        # at least 0: a weight part larger than its activation (not from a problem file) frees none at B
+        b_frees, w_frees = max(0, *(act[s] - part[s] for s in stages)), max(part[s] for s in stages)
         b_ends = sorted(x + b[s] for s in stages for x in bounds[(_B, s)])
         w_least = min(w[s] for s in stages)
         events = [(t, b_frees) for t in b_ends] + [(t + w_least, w_frees) for t in b_ends]
