@@ -8,9 +8,9 @@ part, a W's end the weight part (memory holds, design.md). So the forward waits 
 offloads, backward passes and W passes that can have ended by then free the excess.
 
 Those ends have their own earliest times: the i-th offload of a device in time order ends no
-earlier than its i-th forward plus one offload, and no earlier than one offload after the
-previous one (the D2H channel runs one at a time); the i-th B (W) no earlier than the i-th
-earliest B start bound plus B (plus W). The B bounds come from the F bounds along the data
+earlier than the end of the device's i-th forward plus one offload, nor than one offload after
+the previous one (the D2H channel runs one at a time); the i-th B (W) no earlier than the i-th
+smallest B start bound plus B (plus the least W). The B bounds come from the F bounds along the data
 chain, and the F bounds from the B bounds through memory, so the two are raised in turn until
 nothing moves: every pass keeps a proof, since it reasons only from bounds already proven.
 That is the round trip a tight budget makes each microbatch wait for: with room for A
