@@ -9,10 +9,11 @@ offloads, backward passes and W passes that can have ended by then free the exce
 
 Those ends have their own earliest times: the i-th offload of a device in time order ends no
 earlier than the end of the device's i-th forward plus one offload, nor than one offload after
-the previous one (the D2H channel runs one at a time); the i-th B (W) no earlier than the i-th
-smallest B start bound plus B (plus the least W). The B bounds come from the F bounds along the data
-chain, and the F bounds from the B bounds through memory, so the two are raised in turn until
-nothing moves: every pass keeps a proof, since it reasons only from bounds already proven.
+the previous one (the D2H channel runs one at a time); the i-th B no earlier than the i-th
+smallest of the B start bounds plus B, and the i-th W the i-th smallest of them plus B and W of
+their stage. The B bounds come from the F bounds along the data chain, and the F bounds from the
+B bounds through memory, so the two are raised in turn until nothing moves: every pass keeps a
+proof, since it reasons only from bounds already proven.
 That is the round trip a tight budget makes each microbatch wait for: with room for A
 activations and no offload, the (j + A)-th forward of stage 0 waits for the j-th backward.
 
@@ -112,8 +113,8 @@ class _Frees:
         # at least 0: a weight part larger than its activation (not from a problem file) frees none at B
         b_frees, w_frees = max(0, *(act[s] - part[s] for s in stages)), max(part[s] for s in stages)
         b_ends = sorted(x + b[s] for s in stages for x in bounds[(_B, s)])
-        w_least = min(w[s] for s in stages)
-        events = [(t, b_frees) for t in b_ends] + [(t + w_least, w_frees) for t in b_ends]
+        w_ends = sorted(x + b[s] + w[s] for s in stages for x in bounds[(_B, s)])
+        events = [(t, b_frees) for t in b_ends] + [(t, w_frees) for t in w_ends]
         if problem.offload.enabled:
             out = min(duration_ms(problem, Op(_OFF, s, 0)) for s in stages)
             f_ends = sorted(x + f[s] for s in stages for x in bounds[(_F, s)])
