@@ -26,11 +26,12 @@ so with recompute on only those count as taken; its B and W free what they free 
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from itertools import accumulate
 
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind
-from optpipe.core.semantics import duration_ms, lag_ms, stage_ms
+from optpipe.core.semantics import Place, duration_ms, holds, kept_bytes, lag_ms, stage_ms
 
 __all__ = ["memory_releases"]
 
@@ -45,10 +46,11 @@ def memory_releases(problem: Problem, head: dict[tuple[OpKind, int], float]) -> 
 
     ``head``: the earliest start of each (kind, stage) for one microbatch alone (bounds.data_paths).
     """
-    out = _chain(problem, head, None)
+    shape = _Shape.of(problem)
+    out = _chain(problem, shape, head, None)
     for _ in range(_PASSES):
-        frees = {d: _Frees(problem, d, out) for d in range(problem.devices)}
-        raised = _chain(problem, head, frees)
+        frees = {d: _Frees(problem, shape, d, out) for d in range(problem.devices)}
+        raised = _chain(problem, shape, head, frees)
         moved = max(max(x - y for x, y in zip(raised[key], out[key])) for key in out)
         out = raised
         if moved <= _MOVED_MS:
@@ -56,18 +58,48 @@ def memory_releases(problem: Problem, head: dict[tuple[OpKind, int], float]) -> 
     return out
 
 
-def _chain(problem: Problem, head: dict, frees: dict[int, _Frees] | None) -> dict[tuple[OpKind, int], list[float]]:
+@dataclass(frozen=True)
+class _Shape:
+    """What every pass reads per stage, worked out once: durations, lags, and the bytes a forward
+    takes and each end frees (read off the memory holds, core/semantics.py)."""
+
+    f: tuple[float, ...]
+    b: tuple[float, ...]
+    w: tuple[float, ...]
+    lag: tuple[float, ...]  # lag[s]: from stage s to s + 1
+    taken: tuple[int, ...]  # what F's start takes and keeps until a later end
+    b_frees: tuple[int, ...]  # a kept activation's bytes that B's end frees
+    w_frees: tuple[int, ...]  # ... that W's end frees
+    off_frees: tuple[int, ...]  # an offloaded activation's bytes that the offload's end frees
+    off_ms: tuple[float, ...]
+
+    @staticmethod
+    def of(problem: Problem) -> _Shape:
+        S = problem.stages
+        kept = [kept_bytes(problem, s) for s in range(S)]
+        taken = [k for k, _ in kept]
+        if problem.recompute.enabled:  # a recomputed activation keeps only its resident bytes past F
+            taken = [min(k, r) for k, r in zip(taken, problem.recompute.resident)]
+        off_frees = [sum(h.bytes for h in holds(problem, s, 0, offloaded=True)
+                         if h.place is Place.DEVICE and h.ends.op.kind is _OFF) for s in range(S)]
+        off_ms = [duration_ms(problem, Op(_OFF, s, 0)) for s in range(S)] if problem.offload.enabled else [_INF] * S
+        return _Shape(stage_ms(problem, _F), stage_ms(problem, _B), stage_ms(problem, _W),
+                      tuple(lag_ms(problem, s, s + 1) for s in range(S - 1)), tuple(taken),
+                      tuple(k - after for k, after in kept), tuple(after for _, after in kept),
+                      tuple(off_frees), tuple(off_ms))
+
+
+def _chain(problem: Problem, shape: _Shape, head: dict,
+           frees: dict[int, _Frees] | None) -> dict[tuple[OpKind, int], list[float]]:
     """F bounds down the pipeline (held back by ``frees`` when given), then B bounds up it."""
     pipe, budget = problem.pipeline, problem.memory.budget
     S, m = pipe.stages, pipe.microbatches
-    f, b = stage_ms(problem, _F), stage_ms(problem, _B)
-    held = _held(problem)
-    lag = [lag_ms(problem, s, s + 1) for s in range(S - 1)]
+    f, b, lag = shape.f, shape.b, shape.lag
     out: dict[tuple[OpKind, int], list[float]] = {}
     previous = None
     for s in range(S):
         device = pipe.device_of(s)
-        taken = sum(held[t] for t in pipe.stages_on(device) if t <= s)
+        taken = sum(shape.taken[t] for t in pipe.stages_on(device) if t <= s)
         wait = frees[device].time_to_free if frees is not None else None
         starts: list[float] = []
         last = -_INF
@@ -94,34 +126,24 @@ def _chain(problem: Problem, head: dict, frees: dict[int, _Frees] | None) -> dic
     return out
 
 
-def _held(problem: Problem) -> list[int]:
-    held = list(problem.memory.activation)
-    if problem.recompute.enabled:
-        held = [min(a, r) for a, r in zip(held, problem.recompute.resident)]
-    return held
-
-
 class _Frees:
     """The most bytes a device can have freed by a time: every end that can have come by then,
     each freeing the most its kind frees on the device."""
 
-    def __init__(self, problem: Problem, device: int, bounds: dict[tuple[OpKind, int], list[float]]):
+    def __init__(self, problem: Problem, shape: _Shape, device: int, bounds: dict[tuple[OpKind, int], list[float]]):
         stages = problem.pipeline.stages_on(device)
-        f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
-        act, part = problem.memory.activation, problem.memory.weight_activation
-        whole = max(act[s] for s in stages)
-        # at least 0: a weight part larger than its activation (not from a problem file) frees none at B
-        b_frees, w_frees = max(0, *(act[s] - part[s] for s in stages)), max(part[s] for s in stages)
+        f, b, w = shape.f, shape.b, shape.w
         b_ends = sorted(x + b[s] for s in stages for x in bounds[(_B, s)])
         w_ends = sorted(x + b[s] + w[s] for s in stages for x in bounds[(_B, s)])
+        b_frees, w_frees = max(shape.b_frees[s] for s in stages), max(shape.w_frees[s] for s in stages)
         events = [(t, b_frees) for t in b_ends] + [(t, w_frees) for t in w_ends]
         if problem.offload.enabled:
-            out = min(duration_ms(problem, Op(_OFF, s, 0)) for s in stages)
+            out, off_frees = min(shape.off_ms[s] for s in stages), max(shape.off_frees[s] for s in stages)
             f_ends = sorted(x + f[s] for s in stages for x in bounds[(_F, s)])
             end = -_INF
             for t in f_ends:
                 end = max(end + out, t + out)
-                events.append((end, whole))
+                events.append((end, off_frees))
         events.sort()
         self.times = [t for t, _ in events]
         self.freed = list(accumulate(bytes_ for _, bytes_ in events))
