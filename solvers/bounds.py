@@ -16,6 +16,8 @@ Makespan: the largest of three arguments, each valid for every schedule the simu
   microbatch's backward comes back, only what pending microbatches still hold on the device;
   after its last backward only deferred W passes, whose weight parts stay on the device. Where
   the budget holds few of them, the device idles there, whatever the order.
+- How fast the devices before it can pass forwards on (``pace.py``): each holds back its forwards of
+  every chunk together, by its budget and host link, so a device's warm-up may starve for them.
 - What the budget and the host link force: memory a device holds over time (bytes x ms) is at
   most budget x (makespan - the earliest its first forward can start). Each activation is held
   at least from F's start to B's end (its round trip through the later stages) plus its weight
@@ -50,6 +52,7 @@ from optpipe.core.semantics import duration_ms, lag_ms, stage_ms
 from optpipe.core.units import format_size
 
 from .fill import memory_releases
+from .pace import warm_up_pace_idle
 from .packing import packing_bound
 from .phases import phase_idle
 
@@ -61,6 +64,7 @@ __all__ = [
     "device_job",
     "device_jobs",
     "device_lower_bound",
+    "warm_up_pace",
     "memory_area_bound",
     "memory_lower_bound",
 ]
@@ -153,6 +157,13 @@ def _jobs(problem: Problem, paths: Paths, device: int, fitting: bool) -> list[tu
 def _fill(problem: Problem) -> dict[tuple[OpKind, int], list[float]]:
     """What the budget does to the fill (fill.py); cached, as every device's relaxation asks."""
     return memory_releases(problem, data_paths(problem).head)
+
+
+@lru_cache(maxsize=16)
+def warm_up_pace(problem: Problem) -> tuple[float, ...]:
+    """Per device, the idle before its first backward that its feeders' pace forces (pace.py);
+    cached, as every device's ends ask."""
+    return warm_up_pace_idle(problem, data_paths(problem).head, _fill(problem))
 
 
 def _other_devices(problem: Problem, paths: Paths, device: int) -> dict[tuple, list[tuple[float, float]]]:
@@ -371,9 +382,11 @@ def makespan_lower_bound(problem: Problem) -> Bound:
             slowed = value > device_lower_bound(problem, device, paths) + _EPS_MS
             best = Bound(value, f"device {device}: {busy:,.1f} ms of compute "
                                 f"plus pipeline fill and drain" + (", the fill slowed by the budget" if slowed else ""))
-        ends = phase_idle(problem, device, paths.head, paths.tail)
+        ends = phase_idle(problem, device, paths.head, paths.tail, warm_up_pace(problem)[device])
         if ends.value > best.value + _EPS_MS:
-            where = [f"{ms:,.1f} ms {when}" for ms, when in ((ends.warm_up, "before its first backward"),
+            paced = ends.warm_up > _EPS_MS and warm_up_pace(problem)[device] >= ends.warm_up - _EPS_MS
+            first = "before its first backward" + (", its feeders passing forwards on no faster" if paced else "")
+            where = [f"{ms:,.1f} ms {when}" for ms, when in ((ends.warm_up, first),
                                                            (ends.drain, "after its last forward"),
                                                            (ends.last, "after its last backward")) if ms > _EPS_MS]
             best = Bound(ends.value, f"device {device}: {busy:,.1f} ms of compute from {ends.start:,.1f} ms on, "

@@ -61,7 +61,7 @@ from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import duration_ms, stage_ms
 from optpipe.core.units import format_size
 
-from .bounds import Bound, Paths, data_paths, device_job, device_jobs
+from .bounds import Bound, Paths, data_paths, device_job, device_jobs, warm_up_pace
 from .phases import PhaseIdle, phase_idle
 
 __all__ = ["UNITS", "EndIdle", "WindowModel", "after_last_forward", "cool_down_chains", "device_start", "ends_applies",
@@ -126,7 +126,8 @@ def ends_bound(problem: Problem, *, floor: Bound, time_limit_s: float, workers: 
     began = time.monotonic()
     left = lambda: time_limit_s - (time.monotonic() - began)  # noqa: E731
     paths, budget = data_paths(problem), problem.memory.budget
-    phases = {d: phase_idle(problem, d, paths.head, paths.tail) for d in range(problem.devices)}
+    paced = warm_up_pace(problem)
+    phases = {d: phase_idle(problem, d, paths.head, paths.tail, paced[d]) for d in range(problem.devices)}
     windows: dict[int, tuple] = {}  # built when a device is first looked at
     best, coarse = _rounds(problem, phases, paths, windows, floor, left, upper_ms, workers, seed)
     if coarse is not None and left() >= _MIN_SOLVE_S and best.value < upper_ms - _EPS_MS:

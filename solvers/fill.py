@@ -33,7 +33,7 @@ from optpipe.core.problem import Problem
 from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import Place, duration_ms, holds, kept_bytes, lag_ms, stage_ms
 
-__all__ = ["memory_releases"]
+__all__ = ["memory_releases", "device_frees"]
 
 _F, _B, _W, _OFF = OpKind.F, OpKind.B, OpKind.W, OpKind.OFFLOAD
 _INF = float("inf")
@@ -56,6 +56,13 @@ def memory_releases(problem: Problem, head: dict[tuple[OpKind, int], float]) -> 
         if moved <= _MOVED_MS:
             break
     return out
+
+
+def device_frees(problem: Problem, releases: dict[tuple[OpKind, int], list[float]]) -> tuple[_Frees, ...]:
+    """Per device, the most bytes it can have freed by a time, from ``releases`` (memory_releases's
+    answer): for arguments that count a device's forwards of every stage at once (pace.py)."""
+    shape = _Shape.of(problem)
+    return tuple(_Frees(problem, shape, d, releases) for d in range(problem.devices))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ F, B and W (``work``), any recomputes, and is otherwise idle; so the makespan is
   trip to its highest stage) it runs only forwards (and recomputes), and every one of them still
   holds its activation then, unless its offload ended, and the offloads run one at a time after
   the first forward. The forward work that fits is again a knapsack; the rest of that window is idle.
+  The same window is idle where the devices before it cannot pass forwards on fast enough
+  (pace.py, given as ``paced``).
 - **Burst.** A device that holds stage 0 alone (v = 1, no recompute) cannot pace its warm-up to
   its host link: stage 0's forwards wait for no data, and an op starts as soon as its device and
   data allow, so every forward before the first backward runs back to back from time 0. The k-th
@@ -173,9 +175,10 @@ def _knapsack_dual(groups: list[tuple[int, list[_Item]]], capacity: float) -> fl
     return min(dual(price) for price in prices)
 
 
-def phase_idle(problem: Problem, device: int, head: dict, tail: dict) -> PhaseIdle:
+def phase_idle(problem: Problem, device: int, head: dict, tail: dict, paced: float = 0.0) -> PhaseIdle:
     """The forced idle of ``device`` and its bound; ``head`` and ``tail``: each (kind, stage)'s
-    earliest start and least time after its end, for one microbatch alone (bounds.data_paths)."""
+    earliest start and least time after its end, for one microbatch alone (bounds.data_paths);
+    ``paced``: idle before its first backward from the pace of its feeders (pace.py)."""
     pipe, memory, offload, recompute = problem.pipeline, problem.memory, problem.offload, problem.recompute
     f, b, w = (stage_ms(problem, kind) for kind in (_F, _B, _W))
     m, budget = pipe.microbatches, memory.budget
@@ -194,7 +197,7 @@ def phase_idle(problem: Problem, device: int, head: dict, tail: dict) -> PhaseId
     last = _last_idle(problem, w, stages, tail[(_B, low)])
     burst = _burst(problem, stages, f, out_ms)
     warm = max(_warm_idle(problem, f, stages, head[(_B, top)] - start, pending, out_ms),
-               head[(_B, top)] - start - burst * f[top])
+               head[(_B, top)] - start - burst * f[top], paced)
     # Case B: every forward before the first backward. At the last forward's start the device
     # holds every pair it has not offloaded; with offload the offloads that make room end first.
     pairs = m * len(stages)
