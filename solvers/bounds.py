@@ -51,7 +51,7 @@ from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import duration_ms, lag_ms, stage_ms
 from optpipe.core.units import format_size
 
-from .fill import memory_releases
+from .fill import device_frees, memory_releases
 from .pace import warm_up_pace_idle
 from .packing import packing_bound
 from .phases import phase_idle
@@ -163,7 +163,7 @@ def _fill(problem: Problem) -> dict[tuple[OpKind, int], list[float]]:
 def warm_up_pace(problem: Problem) -> tuple[float, ...]:
     """Per device, the idle before its first backward that its feeders' pace forces (pace.py);
     cached, as every device's ends ask."""
-    return warm_up_pace_idle(problem, data_paths(problem).head, _fill(problem))
+    return warm_up_pace_idle(problem, data_paths(problem).head, device_frees(problem, _fill(problem)))
 
 
 def _other_devices(problem: Problem, paths: Paths, device: int) -> dict[tuple, list[tuple[float, float]]]:
