@@ -11,9 +11,11 @@ first backward, and the bound rises from 2,808.2 to 2,865.5 ms.
 The argument, for forwards numbered in time order on each device:
 
 - The x-th forward of device u starts no earlier than u's earliest start plus x - 1 of its
-  shortest forwards (one at a time), nor before u can have freed what x activations take beyond
+  shortest forwards (one at a time), nor before u can have freed what x forwards take beyond
   the budget (``fill.device_frees``: the ends that can have come by then, each freeing the most
-  its kind frees, as fill.py counts them).
+  its kind frees, as fill.py counts them). A microbatch's forward of a stage comes after its
+  forwards of u's lower stages, so x forwards are prefixes of u's stages, m of them: they take
+  at least m times the lower convex envelope of the stage sizes' prefix sums at x / m.
 - Device w feeds u when every stage of u has a stage of w below it, each a different one
   (interleaved: w < u): then forward (s, i) of u waits for forward (t, i) of w, t the highest
   stage of w below s, plus the chain of forwards and links between them. So when x forwards of u
@@ -21,9 +23,10 @@ The argument, for forwards numbered in time order on each device:
   stages) earlier, and the x-th forward of u starts no earlier than w's x-th plus the chain.
   Taken down the pipeline, every feeder's pace counts.
 - In the device's warm-up window (from its earliest start to the earliest its first backward can
-  start) it can be busy at most as long as running every forward as soon as that allows, each
-  taking the device's longest forward: wherever that greedy is idle, every forward released by
-  then is done in any schedule too. The rest of the window is idle.
+  start) it can be busy at most as long as running every forward as soon as that allows, the
+  first x taking the most x forwards can (m times the upper concave envelope of the prefix sums
+  of its forward times): wherever that run is idle, every forward released by then is done in
+  any schedule too. The rest of the window is idle.
 
 Recompute adds ops that run in the warm-up and are not forwards, so there the argument is not made.
 """
@@ -36,7 +39,6 @@ from functools import lru_cache
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import OpKind
 from optpipe.core.semantics import kept_bytes, lag_ms, stage_ms
-
 
 __all__ = ["forward_paces", "warm_up_pace_idle"]
 
