@@ -385,7 +385,8 @@ def makespan_lower_bound(problem: Problem) -> Bound:
         ends = phase_idle(problem, device, paths.head, paths.tail, warm_up_pace(problem)[device])
         if ends.value > best.value + _EPS_MS:
             paced = ends.warm_up > _EPS_MS and warm_up_pace(problem)[device] >= ends.warm_up - _EPS_MS
-            first = "before its first backward" + (", its feeders passing forwards on no faster" if paced else "")
+            first = "before its first backward" + (", forwards coming no faster than it and its feeders can hold them"
+                                                   if paced else "")
             where = [f"{ms:,.1f} ms {when}" for ms, when in ((ends.warm_up, first),
                                                            (ends.drain, "after its last forward"),
                                                            (ends.last, "after its last backward")) if ms > _EPS_MS]
