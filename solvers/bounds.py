@@ -372,7 +372,7 @@ def _meet(least, budget: int, head: float, upper: float) -> float:
 def makespan_lower_bound(problem: Problem) -> Bound:
     """The largest of the per-device relaxations, the idle the budget forces at a device's ends
     (phases.py) and the memory-area bound."""
-    paths = data_paths(problem)
+    paths, pace = data_paths(problem), warm_up_pace(problem)
     best = Bound(0.0, "")
     for device in range(problem.devices):
         busy = problem.microbatches * sum(duration_ms(problem, Op(kind, s, 0))
@@ -382,9 +382,9 @@ def makespan_lower_bound(problem: Problem) -> Bound:
             slowed = value > device_lower_bound(problem, device, paths) + _EPS_MS
             best = Bound(value, f"device {device}: {busy:,.1f} ms of compute "
                                 f"plus pipeline fill and drain" + (", the fill slowed by the budget" if slowed else ""))
-        ends = phase_idle(problem, device, paths.head, paths.tail, warm_up_pace(problem)[device])
+        ends = phase_idle(problem, device, paths.head, paths.tail, pace[device])
         if ends.value > best.value + _EPS_MS:
-            paced = ends.warm_up > _EPS_MS and warm_up_pace(problem)[device] >= ends.warm_up - _EPS_MS
+            paced = ends.warm_up > _EPS_MS and pace[device] >= ends.warm_up - _EPS_MS
             first = "before its first backward" + (", forwards coming no faster than it and its feeders can hold them"
                                                    if paced else "")
             where = [f"{ms:,.1f} ms {when}" for ms, when in ((ends.warm_up, first),

@@ -91,10 +91,9 @@ def _fill_order(problem: Problem) -> list[int]:
 @lru_cache(maxsize=16)
 def _feeders(problem: Problem) -> tuple[tuple[tuple[int, float], ...], ...]:
     """Per device, (feeder, lead) for every device that feeds it."""
-    f = stage_ms(problem, _F)
+    f, order = stage_ms(problem, _F), _fill_order(problem)
     out = []
     for device in range(problem.devices):
-        order = _fill_order(problem)
         earlier = order[:order.index(device)]
         out.append(tuple((w, lead) for w in earlier if (lead := _lead(problem, w, device, f)) is not None))
     return tuple(out)

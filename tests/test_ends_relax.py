@@ -43,9 +43,9 @@ def _grid01():
 def test_proves_a_compiled_schedule_all_but_optimal():
     """Device 0's forwards cannot all be held, nor offloaded fast enough, before its first
     backward: 890.2 ms on the coarse grid, where the analytic bounds say 889.87 (881.4 without the
-    pace of device 0's own forwards, pace.py) and a 60 s compile found 890.33. The finer solve of the setter raises it to 890.33 when it ends in its share
-    (one suite run in several): how far it gets is the machine's, so either proof passes, and
-    none above that schedule could."""
+    pace of device 0's own forwards, pace.py) and a 60 s compile found 890.33. The finer solve of
+    the setter raises it to 890.33 when it ends in its share (one suite run in several): how far
+    it gets is the machine's, so either proof passes, and none above that schedule could."""
     problem = _grid01()
     analytic = makespan_lower_bound(problem)
     bound = ends_bound(problem, floor=analytic, time_limit_s=10.0, workers=2)

@@ -37,7 +37,7 @@ def test_a_device_runs_its_forwards_no_faster_than_its_host_link_frees_room():
 def test_a_device_with_room_to_spare_still_waits_for_its_feeder():
     """Device 1 could hold every activation it gets, but each of its forwards follows one of
     device 0's by at least 1 ms: at 1, 2 and 4 ms, while its first backward can start at 4 ms.
-    Its own budget alone would leave it no idle at all."""
+    With room on device 0 as well, neither device idles."""
     problem = _starved()
     assert warm_up_pace(problem)[1] == pytest.approx(1.0)
     roomy = _pipeline(2, 4, (10, 10, 10, 10), 200, 50e3)
