@@ -85,6 +85,28 @@ def test_gis_groups_from_the_deadlock_bound_up_run(p, v):
             gis_schedule(problem, bound - 1, "GIS")
 
 
+def _warm_up_first_chunk(schedule, device: int, p: int) -> int:
+    """First-chunk forwards a device runs before its first backward."""
+    ops = schedule.devices[device]
+    first_b = next(k for k, op in enumerate(ops) if op.kind is OpKind.B)
+    return sum(1 for op in ops[:first_b] if op.kind is OpKind.F and op.stage < p)
+
+
+@settings(max_examples=examples(60, ci=25), deadline=None)
+@given(st.integers(2, 9), st.integers(1, 3), st.integers(1, 24), st.integers(0, 8), st.data())
+def test_a_gis_lead_runs_the_first_chunk_ahead_and_never_deadlocks(p, v, m, lead, data):
+    """Any valid group with any lead: the same ops as GIS, every device with ``lead`` more
+    first-chunk forwards in its warm-up (up to m), and it simulates (no cycle of waits)."""
+    group = data.draw(st.integers(smallest_group(p), p))
+    problem = uniform_problem(p, m, v=v)
+    plain, ahead = gis_schedule(problem, group, "GIS"), gis_schedule(problem, group, "GIS", lead)
+    for device in range(p):
+        assert sorted(ahead.devices[device]) == sorted(plain.devices[device])
+        before = _warm_up_first_chunk(plain, device, p)
+        assert _warm_up_first_chunk(ahead, device, p) == (min(m, before + lead) if before < m else m)
+    simulate(problem, ahead)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_gis_family_needs_interleaved_placement(name):
     problem = uniform_problem(4, 8, v=2, placement=Placement.VSHAPE, offload=link(0.5))
