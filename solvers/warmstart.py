@@ -51,9 +51,9 @@ _LOOSE_BELOW = 16
 # g = 13 gives 6,939.7.
 _NEAR_TIE = 1.005
 # The first chunk's leads tried on two GIS groups (heuristics/gis.py): a deeper first-chunk fill
-# where the later chunk's data comes late. Given as starts to 60 s compiles (one run each), GIS-H's
-# group with a lead of 1 to 3 took seed 1's grid06 from 2,080.3 to 2,073.2 ms, grid14 from 2,570.6
-# to 2,548.0 and grid16 from 3,920.6 to 3,911.6.
+# where the later chunk's data comes late. 60 s compiles, one run each: seed 2's grid17 2,230.7 ->
+# 2,178.9 ms from GIS(g=8,lead=3), seed 1's grid20 2,976.6 -> 2,957.9 from GIS(g=12,lead=4); leads
+# of 6 and 8 as well changed neither, nor grid22 on either seed.
 _LEADS = (1, 2, 3, 4)
 
 
@@ -213,7 +213,9 @@ class _Build:
         first, the offloaded versions of those faster than every fitting candidate so far, or
         nearly as fast (_NEAR_TIE; offloading never makes a schedule faster). A group between the
         two trades warm-up depth for memory in finer steps: GIS(8) + hidden offload takes 1,499.9
-        ms at p = 12, v = 2, m = 24, k = 1.6, 0.3 budget, where PO-H takes 1,522.3."""
+        ms at p = 12, v = 2, m = 24, k = 1.6, 0.3 budget, where PO-H takes 1,522.3. Then GIS-H's group
+        and the fastest between with the first chunk ``_LEADS`` microbatches ahead, W-filled and
+        offloaded the same way."""
         pipe, problem = self.problem.pipeline, self.problem
         if pipe.placement is not Placement.INTERLEAVED or pipe.chunks_per_device < 2:
             return True

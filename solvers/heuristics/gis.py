@@ -88,7 +88,8 @@ def gis_schedule(problem: Problem, group: int, name: str, lead: int = 0) -> Sche
     devices = []
     for device in range(p):
         # Build the padded order (whole groups), then drop the padding: removing ops from a
-        # deadlock-free order keeps it deadlock-free, and the padded order is the one analysed above.
+        # deadlock-free order keeps it deadlock-free, and the padded order is the one analysed above
+        # (with a lead it is not: a property test in tests/test_heuristics_offload.py simulates leads).
         warmup = min(gis_warmup(problem, group, device, lead), len(forwards))
         padded: list[tuple[OpKind, int, int]] = [(OpKind.F, c, i) for c, i in forwards[:warmup]]
         for n, (c, i) in enumerate(backwards):
