@@ -54,7 +54,7 @@ from optpipe.core.units import format_size
 from .fill import device_frees, memory_releases
 from .pace import warm_up_pace_idle
 from .packing import packing_bound
-from .phases import phase_idle
+from .phases import PhaseIdle, phase_idle
 
 __all__ = [
     "Bound",
@@ -64,6 +64,7 @@ __all__ = [
     "device_job",
     "device_jobs",
     "device_lower_bound",
+    "device_phases",
     "warm_up_pace",
     "memory_area_bound",
     "memory_lower_bound",
@@ -164,6 +165,13 @@ def warm_up_pace(problem: Problem) -> tuple[float, ...]:
     """Per device, the idle before its first backward that its feeders' pace forces (pace.py);
     cached, as every device's ends ask."""
     return warm_up_pace_idle(problem, data_paths(problem).head, device_frees(problem, _fill(problem)))
+
+
+def device_phases(problem: Problem, paths: Paths) -> dict[int, PhaseIdle]:
+    """Every device's forced idle at its ends (phases.py) with its feeders' pace (pace.py): the one
+    place that pairs them, for this bound and the relaxations that start from it."""
+    paced = warm_up_pace(problem)
+    return {d: phase_idle(problem, d, paths.head, paths.tail, paced[d]) for d in range(problem.devices)}
 
 
 def _other_devices(problem: Problem, paths: Paths, device: int) -> dict[tuple, list[tuple[float, float]]]:
@@ -373,6 +381,7 @@ def makespan_lower_bound(problem: Problem) -> Bound:
     """The largest of the per-device relaxations, the idle the budget forces at a device's ends
     (phases.py) and the memory-area bound."""
     paths, pace = data_paths(problem), warm_up_pace(problem)
+    phases = device_phases(problem, paths)
     best = Bound(0.0, "")
     for device in range(problem.devices):
         busy = problem.microbatches * sum(duration_ms(problem, Op(kind, s, 0))
@@ -382,7 +391,7 @@ def makespan_lower_bound(problem: Problem) -> Bound:
             slowed = value > device_lower_bound(problem, device, paths) + _EPS_MS
             best = Bound(value, f"device {device}: {busy:,.1f} ms of compute "
                                 f"plus pipeline fill and drain" + (", the fill slowed by the budget" if slowed else ""))
-        ends = phase_idle(problem, device, paths.head, paths.tail, pace[device])
+        ends = phases[device]
         if ends.value > best.value + _EPS_MS:
             paced = ends.warm_up > _EPS_MS and pace[device] >= ends.warm_up - _EPS_MS
             first = "before its first backward" + (", forwards coming no faster than it and its feeders can hold them"

@@ -61,8 +61,8 @@ from optpipe.core.schedule import Op, OpKind
 from optpipe.core.semantics import duration_ms, stage_ms
 from optpipe.core.units import format_size
 
-from .bounds import Bound, Paths, data_paths, device_job, device_jobs, warm_up_pace
-from .phases import PhaseIdle, phase_idle
+from .bounds import Bound, Paths, data_paths, device_job, device_jobs, device_phases
+from .phases import PhaseIdle
 
 __all__ = ["UNITS", "EndIdle", "WindowModel", "after_last_forward", "cool_down_chains", "device_start", "ends_applies",
            "ends_bound", "end_idle", "first_backward", "warm_up_chains"]
@@ -126,8 +126,7 @@ def ends_bound(problem: Problem, *, floor: Bound, time_limit_s: float, workers: 
     began = time.monotonic()
     left = lambda: time_limit_s - (time.monotonic() - began)  # noqa: E731
     paths, budget = data_paths(problem), problem.memory.budget
-    paced = warm_up_pace(problem)
-    phases = {d: phase_idle(problem, d, paths.head, paths.tail, paced[d]) for d in range(problem.devices)}
+    phases = device_phases(problem, paths)
     windows: dict[int, tuple] = {}  # built when a device is first looked at
     best, coarse = _rounds(problem, phases, paths, windows, floor, left, upper_ms, workers, seed)
     if coarse is not None and left() >= _MIN_SOLVE_S and best.value < upper_ms - _EPS_MS:

@@ -37,10 +37,9 @@ from optpipe.core.schedule import OpKind
 from optpipe.core.semantics import TOLERANCE_MS
 from optpipe.core.units import format_size
 
-from .bounds import Bound, Paths, data_paths, device_jobs, warm_up_pace
+from .bounds import Bound, Paths, data_paths, device_jobs, device_phases
 from .ends_relax import (UNITS, WindowModel, after_last_forward, cool_down_chains, device_start, first_backward,
                          warm_up_chains)
-from .phases import phase_idle
 
 __all__ = ["fed_applies", "fed_bound", "fed_cool_down_idle", "fed_warm_up_idle"]
 
@@ -131,8 +130,7 @@ def fed_bound(problem: Problem, *, floor: Bound, time_limit_s: float, upper_ms: 
     began = time.monotonic()
     paths = data_paths(problem)
     jobs = _all_jobs(problem, paths, None)
-    paced = warm_up_pace(problem)
-    phases = {d: phase_idle(problem, d, paths.head, paths.tail, paced[d]) for d in range(problem.devices)}
+    phases = device_phases(problem, paths)
     best = floor
     devices = sorted(phases, key=lambda d: (-phases[d].value, d))[:_DEVICES]
     for device in devices:

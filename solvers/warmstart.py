@@ -288,6 +288,7 @@ class _Build:
 
 
 def _gis(problem: Problem, group: int, lead: int) -> Judged:
+    """GIS(g) or GIS(g, lead), judged by the simulator."""
     name = f"GIS(g={group})" if not lead else f"GIS(g={group},lead={lead})"
     schedule = gis_schedule(problem, group, name, lead)
     return Judged(name, schedule, simulate(problem, schedule))
@@ -295,8 +296,11 @@ def _gis(problem: Problem, group: int, lead: int) -> Judged:
 
 def _lead_groups(devices: int, bases: list[tuple[tuple, Judged]]) -> list[int]:
     """The groups whose first chunk also runs ahead (``_LEADS``): GIS-H's and the fastest other."""
-    fastest = min(bases, key=lambda item: item[1].timeline.makespan, default=None)
-    return [smallest_group(devices)] + ([fastest[0][1]] if fastest is not None else [])
+    groups = [smallest_group(devices)]
+    if bases:
+        (_, fastest, _, _), _ = min(bases, key=lambda item: item[1].timeline.makespan)
+        groups.append(fastest)
+    return groups
 
 
 def _w_filled(problem: Problem, plain: Judged, cap: float = 1.0) -> Judged | None:
