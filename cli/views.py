@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from optpipe.core.idle import idle_phases
 from optpipe.core.units import format_size
 from optpipe.solvers.result import gap
 from optpipe.cli.commands.common import console, markup_safe
@@ -87,10 +88,12 @@ def timeline_table(timeline) -> Table:
                         f"bubble {timeline.bubble_ratio:.1%}, "
                         + ("[green]fits[/]" if timeline.fits else "[red]does not fit[/]")
                         + f" {format_size(problem.memory.budget)}")
-    for column in ("device", "compute ms", "idle ms", "peak memory", "at ms", "host peak"):
+    for column in ("device", "compute ms", "idle ms", "in fill", "peak memory", "at ms", "host peak"):
         table.add_column(column, justify="right")
-    for d in range(problem.devices):
+    table.caption = "in fill: idle before the first backward, the wait for the first op included"
+    for d, idle in enumerate(idle_phases(timeline)):
         table.add_row(str(d), f"{timeline.busy[d]:,.1f}", f"{timeline.makespan - timeline.busy[d]:,.1f}",
+                      f"{idle.head + idle.fill:,.1f}",
                       format_size(timeline.peak_memory[d]), f"{timeline.peak_time[d]:,.1f}",
                       format_size(timeline.host_peak[d]) if timeline.host_peak[d] else "-")
     return table

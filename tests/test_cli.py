@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import PROBLEM_DIR, uniform_problem
 
 from optpipe.cli.main import main
@@ -73,7 +74,13 @@ def test_simulate_json_and_trace(tmp_path, capsys):
     trace = tmp_path / "t.json"
     assert main(["simulate", BALANCED, str(path), "--json", "--trace", str(trace)]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["makespan_ms"] == simulate(problem, generate("1F1B", problem)).makespan
+    timeline = simulate(problem, generate("1F1B", problem))
+    assert summary["makespan_ms"] == timeline.makespan
+    # idle by phase, per device: it adds up to the device's idle time, and 1F1B's last device
+    # starts last, so its wait for its first forward is the longest
+    idle = summary["idle_ms"]
+    assert [sum(d.values()) for d in idle] == pytest.approx([timeline.makespan - b for b in timeline.busy])
+    assert max(range(len(idle)), key=lambda d: idle[d]["head"]) == len(idle) - 1
     assert json.loads(trace.read_text())["otherData"]["schedule"] == "1F1B"
 
 

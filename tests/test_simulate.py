@@ -8,6 +8,7 @@ import pytest
 from conftest import uniform_problem
 
 from optpipe.core.errors import ScheduleError
+from optpipe.core.idle import idle_phases
 from optpipe.core.problem import Offload
 from optpipe.core.schedule import Op, OpKind, Schedule, parse_op
 from optpipe.core.simulate import op_times, simulate, try_simulate
@@ -49,6 +50,17 @@ def test_p2p_adds_latency_across_devices_only():
 def _two_device(ops0, ops1, **kwargs) -> tuple:
     problem = uniform_problem(2, 1, **kwargs)
     return problem, Schedule.of("hand", [ops0, ops1])
+
+
+def test_idle_splits_at_the_first_op_the_first_backward_and_the_last_op():
+    # p = 2, m = 1, every op 1 ms: device 0 runs F [0, 1], B [3, 4], W [4, 5]; device 1 F [1, 2],
+    # B [2, 3], W [3, 4]. Device 0 waits 2 ms for its backward (fill); device 1 starts 1 ms late
+    # and ends 1 ms early.
+    problem = uniform_problem(2, 1)
+    schedule = Schedule.of("one", [[Op(F, 0, 0), Op(B, 0, 0), Op(W, 0, 0)], [Op(F, 1, 0), Op(B, 1, 0), Op(W, 1, 0)]])
+    first, second = idle_phases(simulate(problem, schedule))
+    assert (first.head, first.fill, first.steady, first.tail) == pytest.approx((0, 2, 0, 0))
+    assert (second.head, second.fill, second.steady, second.tail) == pytest.approx((1, 0, 0, 1))
 
 
 def test_split_backward_memory_frees_in_two_steps():

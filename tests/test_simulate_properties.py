@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from optpipe.core.errors import ScheduleError
+from optpipe.core.idle import idle_phases
 from optpipe.core.problem import Placement
 from optpipe.core.schedule import Op, OpKind, Schedule
 from optpipe.core.simulate import simulate
@@ -82,3 +83,15 @@ def test_shuffles_that_break_dependencies_raise_the_cycle_error(shape, seed):
     broken = Schedule.of("broken", [ops if d == device else list(schedule.devices[d]) for d in range(p)])
     with pytest.raises(ScheduleError, match="dependency cycle"):
         simulate(problem, broken)
+
+
+@settings(max_examples=examples(60, ci=20), deadline=None)
+@given(shape=shapes, seed=st.integers(0, 10**6))
+def test_idle_phases_add_up_to_each_devices_idle_time(shape, seed):
+    p, v, m, split, vshape = shape
+    placement = Placement.VSHAPE if vshape and v == 2 else Placement.INTERLEAVED
+    problem = uniform_problem(p, m, v=v, placement=placement, p2p=0.25)
+    timeline = simulate(problem, _topological_schedule(problem, seed, split))
+    for device, idle in enumerate(idle_phases(timeline)):
+        assert min(idle.head, idle.fill, idle.steady, idle.tail) >= 0.0
+        assert idle.total == pytest.approx(timeline.makespan - timeline.busy[device])

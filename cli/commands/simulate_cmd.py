@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
+from optpipe.core.idle import idle_phases
 from optpipe.core.render import write_trace
 from optpipe.core.schedule import load_schedule
 from optpipe.core.simulate import simulate
@@ -30,7 +33,7 @@ def run(args) -> int:
     if args.trace:
         write_trace(timeline, args.trace)
     if args.json:
-        print_json(timeline.summary())
+        print_json({**timeline.summary(), "idle_ms": [asdict(phases) for phases in idle_phases(timeline)]})
         return 0
     console.print(timeline_table(timeline))
     if args.trace:
