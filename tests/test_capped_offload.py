@@ -89,6 +89,20 @@ def test_link_free_offloads_only_what_the_idle_link_can_take_back_in_time():
     assert simulate(problem, schedule).fits
 
 
+@pytest.mark.parametrize("policy", list(Policy))
+def test_no_policy_offloads_an_activation_whose_backward_would_wait_for_it(policy):
+    # p = 4, v = 1, F = B = W = 1 ms, transfers of 1.5 ms each way: from F(s) to B(s) a microbatch
+    # passes 2 x (3 - s) ms of the later stages, so only stages 0 (6 ms) and 1 (4 ms) hold a 3 ms
+    # round trip; the first chunk is every stage here, and stage 2's reload would make B(2) wait.
+    problem = _slow_link(4, 8, 1, budget=300, ms_each_way=1.5)
+    stages = set()
+    for cap in range(1, 8):
+        schedule = capped_offload(problem, cap, policy)
+        if schedule is not None:
+            stages |= {stage for stage, _ in schedule.offloaded}
+    assert 0 in stages and stages <= {0, 1}
+
+
 def test_the_starts_keep_the_faster_policy():
     problem = _slow_link(4, 16, 2, budget=300, ms_each_way=3.0)
     [start] = capped_offload_starts(problem)
