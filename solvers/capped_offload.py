@@ -24,8 +24,9 @@ by a sixth to a quarter, though other starts are faster there. With one chunk pe
 round-trip rule matters most: on grid08 (p = 8, v = 1, m = 16, k = 2, 0.3 budgets) offloading
 every stage but the last took 727.1, 1,337.1, 914.4 and 848.9 ms on seeds 0 to 3 (the link-free
 policy 668.8, 1,262.0, 817.6, 909.0), and leaving the stages with short paths on the device takes
-632.8, 1,211.4, 802.8 and 795.9; compile's 60 s answers went from 1.19, 1.70, 0.00 and 4.28% above
-the bound to 0.15, 0.58, 0.00 (proved optimal) and 0.93%.
+632.8, 1,211.4, 802.8 and 795.9. Compile at 60 s, 1 to 5 runs a seed, ends a median 0.15, 3.32,
+0.00 and 0.93% above the bound, against 1.19, 0.89, 0.00 and 4.28% before (design.md, "A start
+that never makes a backward wait"): seed 1 lost, seeds 0 and 3 gained more.
 """
 
 from __future__ import annotations
