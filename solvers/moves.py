@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from optpipe.core.idle import idle_gaps
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS, waits
@@ -31,7 +32,7 @@ from optpipe.core.simulate import Timeline, simulate, try_simulate
 from .clock import Clock
 from .critical import binding as data_binding
 
-__all__ = ["Moved", "idle_gaps", "improve_by_moves", "move_score"]
+__all__ = ["Moved", "improve_by_moves", "move_score"]
 
 _EPS = TOLERANCE_MS
 _F, _B, _BW, _OFF, _REL = OpKind.F, OpKind.B, OpKind.BW, OpKind.OFFLOAD, OpKind.RELOAD
@@ -54,21 +55,6 @@ def move_score(timeline: Timeline) -> tuple[float, float, float]:
             ends[t.device] = max(ends[t.device], t.end)
             total += t.end
     return (round(timeline.makespan, 6), round(sum(ends), 6), round(total, 6))
-
-
-def idle_gaps(timeline: Timeline) -> list[tuple[float, int, Op, float]]:
-    """Every idle gap of a device: (length, device, the compute op after the gap, the gap's start),
-    each device's in time order."""
-    last: dict[int, float] = {}
-    out = []
-    for t in timeline.timings:
-        if t.op.kind not in COMPUTE_KINDS:
-            continue
-        previous = last.get(t.device)
-        if previous is not None and t.start - previous > _EPS:
-            out.append((t.start - previous, t.device, t.op, previous))
-        last[t.device] = t.end
-    return out
 
 
 def _ready(problem: Problem, timeline: Timeline, op: Op, offloaded: frozenset) -> float:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from optpipe.core.idle import idle_gaps
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import COMPUTE_KINDS
 from optpipe.core.semantics import TOLERANCE_MS
@@ -136,20 +137,6 @@ def _neighbours(problem: Problem, device: int) -> list[int]:
     return sorted(out)
 
 
-def _idle_gaps(timeline: Timeline) -> list[tuple[float, int, float]]:
-    """(length, device, time it ends) of every idle gap between compute ops of a device."""
-    last: dict[int, float] = {}
-    gaps = []
-    for t in timeline.timings:  # per device in list order: compute ops in start order
-        if t.op.kind not in COMPUTE_KINDS:
-            continue
-        previous = last.get(t.device)
-        if previous is not None and t.start - previous > _EPS:
-            gaps.append((t.start - previous, t.device, t.start))
-        last[t.device] = t.end
-    return gaps
-
-
 def choose(problem: Problem, timeline: Timeline, kind: str, size: int, follow: int,
            rng: random.Random) -> Neighbourhood:
     """A neighbourhood of ``kind`` with about ``size`` free ops per free device."""
@@ -202,7 +189,8 @@ def choose(problem: Problem, timeline: Timeline, kind: str, size: int, follow: i
         if critical:
             at = critical[rng.randrange(len(critical))].at
             return Neighbourhood(kind, *_before(starts, at, count, int(_BEFORE_GAP * count), follow * count))
-        gaps = sorted(_idle_gaps(timeline), reverse=True)
+        gaps = sorted(((length, device, timeline.by_op[op].start) for length, device, op, _ in idle_gaps(timeline)),
+                      reverse=True)
         if gaps:
             _, _, at = gaps[rng.randrange(min(len(gaps), 2 * P))]
             return Neighbourhood(kind, *_before(starts, at, count, count // 2, follow * count))

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from optpipe.core.idle import idle_gaps
 from optpipe.core.problem import Problem
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind, Schedule
 from optpipe.core.semantics import TOLERANCE_MS
@@ -39,7 +40,6 @@ from optpipe.core.simulate import OpTiming, Timeline, try_simulate
 
 from .clock import Clock
 from .critical import critical_path
-from .moves import idle_gaps
 from .reload_advance import advanced_reloads
 from .reload_delay import delayed_reloads
 
