@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from optpipe.core.errors import NotApplicable, ProblemError, ScheduleError
 from optpipe.core.problem import Costs, Memory, Offload, Pipeline, Placement, Problem
 from optpipe.core.schedule import COMPUTE_KINDS, Op, OpKind
-from optpipe.core.simulate import simulate
+from optpipe.core.simulate import op_times, simulate
 from optpipe.solvers import generate
+from optpipe.solvers import offload_slots
 from optpipe.solvers.heuristics.gis import gis_schedule, smallest_group
 from optpipe.solvers.offload_slots import (
     activation_windows,
@@ -297,6 +298,15 @@ def test_offload_passes_on_random_problems(case):
     hidden = add_hidden_offloads(problem, base, chosen)
     assert hidden.offloaded <= chosen
     assert simulate(problem, hidden).makespan == pytest.approx(before.makespan)
+    # The rounds time each device's transfers against the input's compute timeline: a reload they
+    # find late is late in the simulator too (a late reload only delays others), and where they
+    # find none the simulator finds none.
+    due = {(t.op.stage, t.op.microbatch): t.start for t in before.timings if t.op.kind is OpKind.B}
+    ends = {op: end for op, _, _, end in op_times(problem, placed)}
+    late = offload_slots._first_late(problem, placed, before.by_op, due)
+    assert all(ends[Op(OpKind.RELOAD, *pair)] > due[pair] for _, pair in late.values())
+    if not late:
+        assert not offload_slots._first_late_simulated(problem, placed, due)
 
 
 def test_longest_lived_picks_the_longest_windows_that_hold_a_round_trip():

@@ -155,7 +155,7 @@ def test_where_rounds_are_slow_the_first_round_that_fits_ends_the_repairs(monkey
     import optpipe.solvers.repair as repair_module
 
     base = _problem()
-    problem = base.with_budget(int(_peak(base, "PO-H") * 0.6))
+    problem = base.with_budget(int(_peak(base, "PO-H") * 0.5))
     candidates = warm_starts(problem, compare(problem))
     every = repair_candidates(problem, candidates, deadline=time.monotonic() + 60)
     monkeypatch.setattr(repair_module, "_MAX_ROUNDS", 10**7)  # 64 rounds' time now exceeds any deadline
