@@ -301,7 +301,7 @@ def test_offload_passes_on_random_problems(case):
     # The rounds time each device's transfers against the input's compute timeline: a reload they
     # find late is late in the simulator too (a late reload only delays others), and where they
     # find none the simulator finds none.
-    due = {(t.op.stage, t.op.microbatch): t.start for t in before.timings if t.op.kind is OpKind.B}
+    due = {(t.op.stage, t.op.microbatch): t.start for t in before.timings if t.op.kind in (OpKind.B, OpKind.BW)}
     ends = {op: end for op, _, _, end in op_times(problem, placed)}
     late = offload_slots._first_late(problem, placed, before.by_op, due)
     assert all(ends[Op(OpKind.RELOAD, *pair)] > due[pair] for _, pair in late.values())
