@@ -250,8 +250,9 @@ def capped_offload(problem: Problem, cap: int, policy: Policy = Policy.FIRST_CHU
     """The list schedule with at most ``cap`` microbatches in flight per device, offloading as
     ``policy`` says; None when it deadlocks. Either policy offloads only the stages whose F-to-B
     path through the later stages outlasts their offload and reload: on a shorter one the
-    backward would wait for the reload. With one chunk per device that leaves the last devices' activations on the device
-    (seed 0's grid08, p = 8, v = 1, k = 2: stage 6's; its start went from 727.1 to 632.8 ms)."""
+    backward would wait for the reload. With one chunk per device that leaves the last devices'
+    activations on the device (seed 0's grid08, p = 8, v = 1, k = 2: stage 6's; its start went
+    from 727.1 to 632.8 ms)."""
     pipe = problem.pipeline
     gap = data_paths(problem).gap
     worth = frozenset(s for s in range(pipe.stages - 1)

@@ -177,17 +177,16 @@ def _first_late(problem: Problem, placed: Schedule, by_op, due: dict) -> dict[in
     its F and a reload after its offload."""
     out: dict[int, tuple[float, tuple[int, int]]] = {}
     for device, ops in enumerate(placed.devices):
-        issued, d2h, h2d = 0.0, -math.inf, -math.inf
-        offloaded: dict[tuple[int, int], float] = {}
+        # each offload is listed right after its F (``_merge``), so its end is ``_offload_ends``'
+        offloaded = _offload_ends(problem, [Op(_F, op.stage, op.microbatch) for op in ops
+                                            if op.kind is OpKind.OFFLOAD], by_op)
+        issued, h2d = 0.0, -math.inf
         for op in ops:
-            if op.kind is OpKind.OFFLOAD:
-                d2h = max(issued, d2h) + duration_ms(problem, op)
-                offloaded[(op.stage, op.microbatch)] = d2h
-            elif op.kind is OpKind.RELOAD:
+            if op.kind is OpKind.RELOAD:
                 pair = (op.stage, op.microbatch)
                 h2d = max(issued, offloaded[pair], h2d) + duration_ms(problem, op)
                 _note_late(out, device, pair, h2d, due)
-            else:
+            elif op.kind is not OpKind.OFFLOAD:
                 issued = by_op[op].end
     return out
 
